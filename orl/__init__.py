@@ -1,0 +1,1 @@
+"""orl: on-policy residual learning for diffusion language models."""

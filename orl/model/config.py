@@ -1,0 +1,180 @@
+"""Model configuration: one dataclass for every family, plus the named sizes.
+
+Owns: `ModelConfig` (architecture, noise kind, residual pathway), the table of named sizes
+(`tiny` for each family and the real shapes), and lookup with errors a user can act on.
+Does not own: weights, HF key mapping (`orl.model.hf`), decoding protocols (`orl.decode.config`).
+
+Families (orl-method.md 1.2, 1.4, 2.2):
+  sdar   -- Qwen3 backbone, mask-token block diffusion (QwenDLM / SDAR style).
+  llada  -- LLaDA-2.1-mini style MoE (sigmoid-free softmax router here, top-k + shared expert),
+            mask-token block diffusion, threshold + editing decoder.
+  dgemma -- DiffusionGemma style (Gemma options), uniform-state diffusion on a canvas,
+            entropy-bounded sampler, self-conditioning pathway with post-norm.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+FAMILIES = ("sdar", "llada", "dgemma")
+
+
+@dataclass
+class ModelConfig:
+    family: str = "sdar"
+    vocab_size: int = 151_936
+    hidden_size: int = 2560
+    num_layers: int = 36
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    intermediate_size: int = 9728
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    max_position: int = 40_960
+    tie_embeddings: bool = True
+    qk_norm: bool = True
+    attention_bias: bool = False
+    hidden_act: str = "silu"                 # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    # --- Gemma-style options ---
+    embed_scale: float = 1.0                 # Gemma multiplies embeddings by sqrt(D)
+    norm_offset: float = 0.0                 # RMSNorm weight used as (offset + w); Gemma<=3: 1.0
+    sandwich_norm: bool = False              # post-attention / post-MLP norms (Gemma)
+    v_norm: bool = False                     # scale-free RMSNorm on values (Gemma 4)
+    attn_scale: float | None = None          # None: head_dim ** -0.5
+    final_logit_softcap: float | None = None
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None     # per layer: "full" or "sliding"
+    # --- mixture of experts (0 experts = dense) ---
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+    router_norm_topk: bool = True
+    # --- diffusion ---
+    noise: str = "mask"                      # "mask" (SDAR, LLaDA) or "uniform" (DiffusionGemma)
+    mask_token_id: int | None = 151_669
+    block_size: int = 32                     # block / canvas length K
+    clean_attention: str = "block"           # committed text attends "block"-causally or "causal"
+    # --- residual pathway (orl-method.md 2.1-2.3) ---
+    pathway: str = "none"                    # "none" | "mlp" (E[x] + alpha g(z)) | "rcd"
+    pathway_alpha: float = 1.0
+    pathway_gamma: float = 1.0               # output stored x gamma, used x 1/gamma (2.3 reading a)
+    pathway_intermediate: int = 0            # 0: hidden_size
+    pathway_post_norm: bool = False          # DiffusionGemma: RMSNorm_noscale(E[x] + u)
+    pathway_where: str = "unresolved"        # "unresolved" or "canvas" (every block position)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown family {self.family!r}; choose one of {FAMILIES}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.noise not in ("mask", "uniform"):
+            raise ValueError(f"noise must be 'mask' or 'uniform', got {self.noise!r}")
+        if self.noise == "mask" and self.mask_token_id is None:
+            raise ValueError("mask-token diffusion needs mask_token_id (take it from the tokenizer)")
+        if self.pathway not in ("none", "mlp", "rcd"):
+            raise ValueError(f"pathway must be 'none', 'mlp' or 'rcd', got {self.pathway!r}")
+        if self.clean_attention not in ("block", "causal"):
+            raise ValueError(f"clean_attention must be 'block' or 'causal', got {self.clean_attention!r}")
+        if self.layer_types is None:
+            self.layer_types = ["full"] * self.num_layers
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model config fields {unknown}; known fields: {sorted(known)}")
+        return cls(**d)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    def param_count(self, active: bool = False) -> int:
+        """Parameters (or parameters one token touches, ``active=True``), from shapes alone."""
+        D, hd = self.hidden_size, self.head_dim
+        attn = D * hd * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * hd * D
+        dense_mlp = 3 * D * self.intermediate_size
+        n_moe = self.num_layers - self.first_dense_layers if self.is_moe else 0
+        e = self.num_experts_per_tok if active else self.num_experts
+        moe_mlp = 3 * D * self.moe_intermediate_size * (e + self.num_shared_experts) + D * self.num_experts
+        body = self.num_layers * attn + (self.num_layers - n_moe) * dense_mlp + n_moe * moe_mlp
+        emb = self.vocab_size * D * (1 if self.tie_embeddings else 2)
+        return body + emb
+
+
+def _tiny(family: str, **kw) -> ModelConfig:
+    base = dict(family=family, vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                head_dim=16, intermediate_size=128, max_position=512, block_size=8, mask_token_id=3,
+                rope_theta=10_000.0, pathway="mlp", pathway_intermediate=64)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+# Real shapes are from the public config.json files (Qwen3-4B / SDAR-4B; LLaDA2.x-mini = Ling-mini-2.0
+# shape; DiffusionGemma 26B-A4B = Gemma-4 26B-A4B shape). Benchmarks build them with random weights.
+SIZES: dict[str, dict[str, ModelConfig]] = {
+    "sdar": {
+        "tiny": _tiny("sdar"),
+        "qwen3-4b": ModelConfig(family="sdar", block_size=32, pathway="none"),
+        "qwendlm-4b": ModelConfig(family="sdar", block_size=256, pathway="mlp", pathway_intermediate=2560),
+    },
+    "llada": {
+        "tiny": _tiny("llada", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      num_shared_experts=1, first_dense_layers=1, block_size=8),
+        "llada2.1-mini": ModelConfig(
+            family="llada", vocab_size=157_184, hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4,
+            head_dim=128, intermediate_size=5120, rope_theta=600_000.0, max_position=32_768,
+            tie_embeddings=False, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+            num_shared_experts=1, first_dense_layers=1, mask_token_id=156_895, block_size=32),
+    },
+    "dgemma": {
+        "tiny": _tiny("dgemma", noise="uniform", mask_token_id=None, hidden_act="gelu_tanh", embed_scale=8.0,
+                      sandwich_norm=True, final_logit_softcap=30.0, clean_attention="causal",
+                      pathway_post_norm=True, pathway_where="canvas", block_size=16),
+        "diffusiongemma-26b-a4b": ModelConfig(
+            family="dgemma", vocab_size=262_144, hidden_size=2816, num_layers=30, num_heads=16, num_kv_heads=8,
+            head_dim=256, intermediate_size=2112, rope_theta=1_000_000.0, max_position=131_072,
+            hidden_act="gelu_tanh", embed_scale=2816 ** 0.5, sandwich_norm=True, final_logit_softcap=30.0,
+            sliding_window=1024, layer_types=["sliding" if (i + 1) % 6 else "full" for i in range(30)],
+            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=704, noise="uniform",
+            mask_token_id=None, block_size=256, clean_attention="causal", pathway="mlp",
+            pathway_post_norm=True, pathway_where="canvas"),
+    },
+}
+
+
+def get_config(family: str, size: str = "tiny", **overrides) -> ModelConfig:
+    """The named size of a family, with field overrides; errors list what exists."""
+    if family not in SIZES:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(SIZES)}")
+    if size not in SIZES[family]:
+        raise ValueError(f"unknown size {size!r} for family {family!r}; choose one of {sorted(SIZES[family])}")
+    cfg = dataclasses.replace(SIZES[family][size])
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def find_size(name: str) -> ModelConfig:
+    """Look a size up by name alone (``qwen3-4b``) or as ``family/size`` (``dgemma/tiny``)."""
+    if "/" in name:
+        fam, size = name.split("/", 1)
+        return get_config(fam, size)
+    hits = [(f, name) for f in SIZES if name in SIZES[f]]
+    if len(hits) != 1:
+        allowed = sorted(f"{f}/{s}" for f in SIZES for s in SIZES[f])
+        raise ValueError(f"unknown or ambiguous model size {name!r}; choose one of {allowed}")
+    return get_config(*hits[0])

@@ -1,0 +1,192 @@
+"""Building blocks of the one transformer: norms, RoPE, attention, dense and routed MLPs.
+
+Owns the per-layer numerics for every family. Module attribute names mirror the Hugging Face
+Qwen3 checkpoints (`self_attn.q_proj`, `mlp.gate_proj`, ...) so that Qwen3/SDAR weights load by
+name; other families are mapped in `orl.model.hf`.
+Does not own: masks (built by `orl.model.masks` and passed in), the KV cache layout
+(`orl.model.cache`), the residual pathway (`orl.model.pathway`).
+
+Shapes: B batch, T new tokens, S visible keys (cache + new), D hidden, H heads, V vocab.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * (offset + w), computed in float32 (Qwen3 and Gemma convention)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0, with_scale: bool = True):
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.ones(dim) if offset == 0.0 else torch.zeros(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            y = y * (self.offset + self.weight.float())
+        return y.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, rotary_dim: int | None = None,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (B, T, head_dim) for absolute ``positions`` (B, T).
+
+    ``rotary_dim`` < head_dim gives partial rotation in the "proportional" form: frequencies are
+    spaced as for the full head_dim and only the first rotary_dim/2 pairs rotate (the others get
+    frequency 0, i.e. cos 1, sin 0).
+    """
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+    inv_freq = 1.0 / (theta ** exponent)
+    inv_freq[rotary_dim // 2:] = 0.0
+    freqs = positions.float()[..., None] * inv_freq  # (B, T, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, hd) rotated with rotate-half convention; cos/sin (B, T, hd)."""
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """GQA attention with optional QK-norm (and scale-free V-norm), over cache + new tokens."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        D, H, Hkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(D, H * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(D, Hkv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(D, Hkv * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(H * hd, D, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(hd, cfg.rms_eps, cfg.norm_offset)
+        self.v_norm = RMSNorm(hd, cfg.rms_eps, with_scale=False) if cfg.v_norm else None
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else hd ** -0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache=None, store_kv: bool = False) -> torch.Tensor:
+        """x (B, T, D); mask (B|1, T, S) bool, True = visible; returns (B, T, D)."""
+        B, T, _ = x.shape
+        H, Hkv, hd = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        q = self.q_proj(x).view(B, T, H, hd)
+        k = self.k_proj(x).view(B, T, Hkv, hd)
+        v = self.v_proj(x).view(B, T, Hkv, hd)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v, store=store_kv)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=self.scale,
+                                             enable_gqa=H != Hkv)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, H * hd))
+
+
+def _act(name: str):
+    if name == "silu":
+        return F.silu
+    if name == "gelu_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    raise ValueError(f"unknown hidden_act {name!r}; use 'silu' or 'gelu_tanh'")
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU (silu) or GeGLU (gelu_tanh)."""
+
+    def __init__(self, dim: int, inter: int, act: str):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, inter, bias=False)
+        self.up_proj = nn.Linear(dim, inter, bias=False)
+        self.down_proj = nn.Linear(inter, dim, bias=False)
+        self.act = _act(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Routed experts (softmax router, top-k, optional renormalisation) plus shared experts.
+
+    Expert weights are stacked: ``gate_up_proj`` (E, 2I, D), ``down_proj`` (E, D, I). Tokens are
+    grouped per selected expert, so compute scales with the experts a batch actually touches.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        D, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+        self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.router_norm_topk
+        self.gate = nn.Linear(D, E, bias=False)
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
+        self.down_proj = nn.Parameter(torch.empty(E, D, I))
+        nn.init.normal_(self.gate_up_proj, std=D ** -0.5)
+        nn.init.normal_(self.down_proj, std=I ** -0.5)
+        self.act = _act(cfg.hidden_act)
+        self.shared_experts = (GatedMLP(D, I * cfg.num_shared_experts, cfg.hidden_act)
+                               if cfg.num_shared_experts else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.gate(x2).float(), dim=-1)
+        w, idx = probs.topk(self.top_k, dim=-1)  # (N, k)
+        if self.norm_topk:
+            w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x2)
+        for e in idx.unique().tolist():
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            g, u = F.linear(x2[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(self.act(g) * u, self.down_proj[e])
+            out.index_add_(0, rows, y * w[rows, slot, None].to(y.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x2)
+        return out.view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.cfg = cfg
+        self.self_attn = Attention(cfg, layer_idx)
+        moe = cfg.is_moe and layer_idx >= cfg.first_dense_layers
+        self.mlp = MoE(cfg) if moe else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_eps, cfg.norm_offset)  # noqa: E731
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        if cfg.sandwich_norm:
+            self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+
+    def forward(self, x, cos, sin, mask, cache=None, store_kv=False):
+        if self.cfg.sandwich_norm:  # Gemma: norm -> attn -> norm -> add; norm -> mlp -> norm -> add
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, store_kv))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, store_kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Normal(0, std) for linear/embedding weights, zeros for biases (HF convention)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
+__all__ = ["RMSNorm", "Attention", "GatedMLP", "MoE", "DecoderLayer", "rope_cos_sin", "apply_rope",
+           "init_weights", "soft_cap"]
