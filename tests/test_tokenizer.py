@@ -1,4 +1,4 @@
-"""Tests for orl.tokenizer: Qwen3 ids and encodings against tiktoken, the cache, the char tokenizer."""
+"""Tests for orl.tokenizer: Qwen3 ids and encodings vs tiktoken, the cache, the char tokenizer."""
 from __future__ import annotations
 
 import importlib.util
@@ -105,9 +105,9 @@ def test_build_qwen3_in_memory_equals_reloaded(qwen3, tmp_path):
 
 
 def test_load_qwen3_reuses_cache_without_rebuilding(qwen3_cache, monkeypatch):
-    qwen3_cache = qwen3_cache[0]
-    assert [p.name for p in qwen3_cache.iterdir()] == ["qwen3-tokenizer"]  # no temp dirs left
-    monkeypatch.setenv("ORL_CACHE", str(qwen3_cache))
+    root, _ = qwen3_cache
+    assert [p.name for p in root.iterdir()] == ["qwen3-tokenizer"]  # no temp dirs left
+    monkeypatch.setenv("ORL_CACHE", str(root))
 
     def no_build(*a, **k):
         raise AssertionError("cache hit must not rebuild")
@@ -159,7 +159,8 @@ def test_char_save_reload_offline_and_chat(tmp_path):
     tok.save_pretrained(str(tmp_path))
     again = T.load_tokenizer(str(tmp_path))
     text = "Sam earns $12/hour (8 hours): 12*8 = 96."
-    assert again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    ids = tok.encode(text, add_special_tokens=False)
+    assert again.encode(text, add_special_tokens=False) == ids and again.decode(ids) == text
     assert (again.mask_token_id, again.eos_token_id, again.pad_token_id) == (3, 2, 0)
     msgs = [{"role": "user", "content": "1+1="}]
     assert again.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == "1+1="
@@ -175,5 +176,6 @@ def test_load_tokenizer_dispatch_and_errors(tmp_path):
 
 
 def test_mask_token_id_missing_names_the_fix():
-    with pytest.raises(ValueError, match=r"add_special_tokens\(\{\"mask_token\": \"<\|MASK\|>\"\}\)"):
+    fix = r"add_special_tokens\(\{\"mask_token\": \"<\|MASK\|>\"\}\)"
+    with pytest.raises(ValueError, match=fix):
         T.mask_token_id(types.SimpleNamespace(mask_token_id=None))

@@ -1,0 +1,240 @@
+"""The reference block decoder: one loop for every family's rule, with cache, trace and TPF.
+
+Owns the denoising loop of orl-method.md 1.3 (prefill, per-block steps, cache-commit pass),
+the residual feedback of 3.7 (z of step k feeds step k+1; zero at a block's first step), the
+per-step trace (canvas, unresolved set, the exact residual input consumed, entropy, optionally
+logits) that ORL rollouts capture, and TPF accounting both with the commit forward (ORL's count)
+and without it (HF/DiffusionGemma's count) (1.5).
+Uncached decoding recomputes the whole prefix every step with the same block-causal mask; under
+greedy decoding it gives the same tokens as cached decoding (tested). Works on token ids only.
+Does not own: acceptance rules (`samplers`), protocols (`config`), text (callers detokenize).
+Shapes: B rows, P prompt length, K block length, D hidden, V vocab.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..model.masks import commit_layout, decode_layout, step_mask
+from . import samplers as S
+from .config import DecodeConfig
+
+
+@dataclass
+class StepRecord:
+    """One denoising step of one block, for all B rows (inputs as consumed, outputs as chosen)."""
+
+    block: int
+    step: int
+    canvas: torch.Tensor              # (B, K) tokens fed to this step
+    unresolved: torch.Tensor          # (B, K) bool before this step
+    residual: torch.Tensor | None     # (B, K, D) z consumed by this step (None: no residual)
+    residual_where: torch.Tensor | None  # (B, K) bool
+    residual_weight: torch.Tensor | None  # (B, K) rcd interpolation weight
+    entropy: torch.Tensor             # (B, K) normalised entropy of this step's distribution
+    committed: torch.Tensor           # (B, K) bool positions resolved at this step
+    active: torch.Tensor              # (B,) bool rows that were still denoising this block
+    logits: torch.Tensor | None = None  # (B, K, V) when trace_logits
+
+
+@dataclass
+class DecodeOutput:
+    tokens: list[list[int]]           # generated ids per row, up to and including the first EOS
+    finish_reason: list[str]          # "stop" (EOS), "length" or "cancelled"
+    steps_per_block: list[list[int]]  # denoising forwards per block, per row
+    prompt_len: int
+    block_size: int
+    trace: list[StepRecord] = field(default_factory=list)
+
+    def forwards(self, row: int, commit: bool = True) -> int:
+        s = self.steps_per_block[row]
+        return sum(s) + (len(s) if commit else 0)
+
+    def tpf(self, commit: bool = True) -> float:
+        """Generated tokens / forwards over all rows (commit=True: + one commit pass per block)."""
+        f = sum(self.forwards(r, commit) for r in range(len(self.tokens)))
+        return sum(len(t) for t in self.tokens) / max(f, 1)
+
+
+def _forward_canvas(model, cfg: DecodeConfig, committed, canvas, z, where, weight, cache, P):
+    """Logits (B, K, V) of the canvas after ``committed`` (B, P + bK) tokens."""
+    B, K = canvas.shape
+    n = committed.shape[1]
+    ca = model.config.clean_attention
+    lay = decode_layout(P, n - P, K, cfg.block_size, ca)
+    dev = canvas.device
+    if cache is not None:
+        mask = step_mask(lay, n).to(dev)
+        return model(canvas, lay.positions[n:].to(dev), mask, residual=z, residual_where=where,
+                     residual_weight=weight, cache=cache)
+    tokens = torch.cat([committed, canvas], 1)
+    full_z = full_w = full_where = None
+    if where is not None:
+        full_where = torch.cat([torch.zeros(B, n, dtype=torch.bool, device=dev), where], 1)
+    if z is not None:
+        full_z = torch.cat([z.new_zeros(B, n, z.shape[-1]), z], 1)
+    if weight is not None:
+        full_w = torch.cat([weight.new_zeros(B, n), weight], 1)
+    logits = model(tokens, lay.positions.to(dev), lay.mask().to(dev), residual=full_z,
+                   residual_where=full_where, residual_weight=full_w)
+    return logits[:, n:]
+
+
+def _commit(model, cfg: DecodeConfig, P: int, committed_len: int, block_tokens, cache):
+    """The cache-commit forward: write the finished block's K/V (clean, block-causal)."""
+    K = block_tokens.shape[1]
+    lay = commit_layout(P, committed_len - P + K, cfg.block_size, model.config.clean_attention)
+    dev = block_tokens.device
+    model(block_tokens, lay.positions[committed_len:].to(dev), step_mask(lay, committed_len).to(dev),
+          cache=cache, store_kv=True)
+
+
+@torch.no_grad()
+def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,
+           trace: bool = False, trace_logits: bool = False, generator: torch.Generator | None = None,
+           on_block: Callable[[int, torch.Tensor], bool] | None = None) -> DecodeOutput:
+    """Decode B rows sharing one prompt length. prompt (B, P) int64; returns a DecodeOutput.
+
+    ``on_block(b, tokens (B, K))`` is called after each block commits; returning False cancels.
+    """
+    mcfg = model.config
+    if prompt.dim() == 1:
+        prompt = prompt[None]
+    B, P = prompt.shape
+    K = cfg.block_size
+    uniform = mcfg.noise == "uniform"
+    if not uniform and mask_id is None:
+        mask_id = mcfg.mask_token_id
+    if cfg.rule == "dgemma" and not uniform:
+        raise ValueError("rule 'dgemma' needs a uniform-state model (config.noise='uniform')")
+    if uniform and cfg.rule != "dgemma":
+        raise ValueError(f"uniform-state models decode with rule 'dgemma', not {cfg.rule!r}")
+    n_blocks = math.ceil(cfg.max_new_tokens / K)
+    if P + n_blocks * K > mcfg.max_position:
+        raise ValueError(f"prompt ({P} tokens) + max_new_tokens rounded to blocks ({n_blocks * K}) exceeds "
+                         f"the model context {mcfg.max_position}; shorten the prompt or lower max_new_tokens")
+    dev = prompt.device
+    eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long, device=dev)
+    use_res = cfg.residual and mcfg.pathway != "none"
+    where_canvas = mcfg.pathway_where == "canvas"
+
+    cache = None
+    if cfg.use_cache:
+        cache = model.new_cache(B, P + n_blocks * K)
+        lay = commit_layout(P, 0, K, mcfg.clean_attention)
+        model(prompt, lay.positions.to(dev), lay.mask().to(dev), cache=cache, store_kv=True)
+
+    committed = prompt
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    finish = ["length"] * B
+    steps_per_block: list[list[int]] = [[] for _ in range(B)]
+    records: list[StepRecord] = []
+    max_steps = cfg.max_steps
+    post_cap = cfg.max_post_steps if cfg.rule == "llada" else 0
+
+    for b in range(n_blocks):
+        if uniform:
+            canvas = torch.randint(mcfg.vocab_size, (B, K), generator=generator, device="cpu").to(dev)
+        else:
+            canvas = torch.full((B, K), mask_id, dtype=torch.long, device=dev)
+        unresolved = torch.ones(B, K, dtype=torch.bool, device=dev)
+        active = ~done
+        steps = torch.zeros(B, dtype=torch.long, device=dev)
+        post = torch.zeros(B, dtype=torch.long, device=dev)
+        stable = torch.zeros(B, dtype=torch.long, device=dev)
+        prev_arg = None
+        z = weight = None
+        where = (torch.ones(B, K, dtype=torch.bool, device=dev) if where_canvas else unresolved.clone()) \
+            if use_res else None
+        for step in range(max_steps + post_cap):
+            if not active.any():
+                break
+            logits = _forward_canvas(model, cfg, committed, canvas, z, where, weight, cache, P)
+            temp = cfg.temperature
+            if cfg.rule == "dgemma" and temp > 0:
+                temp = S.dgemma_temperature(max(max_steps - step, 0), max_steps, cfg.t_min, cfg.t_max)
+            probs, tok, conf, ent = S.step_distribution(logits, temp, generator)
+            act = active[:, None]
+            rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
+            finished = torch.zeros(B, dtype=torch.bool, device=dev)
+            if cfg.rule in ("threshold", "topk", "entropy"):
+                quota = S.step_quota(K, max_steps, step)
+                if cfg.rule == "threshold":
+                    take = S.select_threshold(conf, unresolved, cfg.threshold, quota)
+                elif cfg.rule == "topk":
+                    take = S.select_topk(conf, unresolved, quota)
+                else:
+                    take = S.select_entropy_bounded(ent, unresolved, cfg.entropy_bound)
+                take &= act
+                canvas = torch.where(take, tok, canvas)
+                unresolved &= ~take
+                finished = ~unresolved.any(-1)
+            elif cfg.rule == "llada":
+                had_masks = unresolved.any(-1)
+                take = S.llada_transfer(conf, unresolved, cfg.threshold) & act
+                edits, arg = S.llada_edits(probs, canvas, ~unresolved & act, cfg.edit_threshold)
+                canvas = torch.where(take, tok, torch.where(edits, arg, canvas))
+                unresolved &= ~take
+                post += (~had_masks & active).long()
+                finished = ~had_masks & (~edits.any(-1) | (post >= cfg.max_post_steps))
+                take = take | edits
+            else:  # dgemma: uniform-state canvas, entropy-bound acceptance, re-noise the rest
+                take = S.select_entropy_bound_accept(ent, unresolved, cfg.entropy_bound) & act
+                canvas = torch.where(take, tok, canvas)
+                unresolved &= ~take
+                arg = probs.argmax(-1)
+                if prev_arg is not None:
+                    stable = torch.where((arg == prev_arg).all(-1), stable + 1, torch.zeros_like(stable))
+                prev_arg = arg
+                mean_ent = ent.mean(-1)
+                early = (stable >= cfg.stability_threshold) & (mean_ent < cfg.confidence_threshold)
+                last = step + 1 >= max_steps
+                fill = (early | torch.tensor(last, device=dev))[:, None] & unresolved & act
+                canvas = torch.where(fill, arg, canvas)
+                unresolved &= ~fill
+                noise = torch.randint(mcfg.vocab_size, (B, K), generator=generator, device="cpu").to(dev)
+                canvas = torch.where(unresolved & act, noise, canvas)
+                take = take | fill
+                finished = ~unresolved.any(-1)
+            steps += active.long()
+            if trace:
+                records.append(StepRecord(b, step, rec_canvas, rec_unres, z, where, weight, ent,
+                                          take & act, active.clone(), logits if trace_logits else None))
+            active = active & ~finished
+            if use_res:  # residual of this step feeds the next one (3.7)
+                pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) else \
+                    torch.softmax(logits.float() / cfg.residual_temperature, -1)
+                z = model.soft_embed(pr)
+                where = torch.ones_like(unresolved) if where_canvas else unresolved.clone()
+                weight = S.normalized_entropy(pr) if mcfg.pathway == "rcd" else None
+        for r in range(B):
+            if not bool(done[r]):
+                steps_per_block[r].append(int(steps[r]))
+        if cache is not None:
+            _commit(model, cfg, P, committed.shape[1], canvas, cache)
+        committed = torch.cat([committed, canvas], 1)
+        if eos.numel():
+            hit = torch.isin(canvas, eos).any(-1) & ~done
+            for r in hit.nonzero().flatten().tolist():
+                finish[r] = "stop"
+            done |= hit
+        if on_block is not None and on_block(b, canvas) is False:
+            finish = [f if bool(d) else "cancelled" for f, d in zip(finish, done.tolist())]
+            break
+        if bool(done.all()):
+            break
+
+    gen = committed[:, P:].tolist()
+    out_tokens = []
+    for r in range(B):
+        t = gen[r][:cfg.max_new_tokens]
+        if eos.numel():
+            for i, x in enumerate(t):
+                if x in set(eos.tolist()):
+                    t = t[:i + 1]
+                    break
+        out_tokens.append(t)
+    return DecodeOutput(out_tokens, finish, steps_per_block, P, K, records)

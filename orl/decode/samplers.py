@@ -1,0 +1,108 @@
+"""Samplers and acceptance rules as pure functions (orl-method.md 1.4).
+
+Every function takes tensors and scalars and returns tensors: no state, no logging. The block
+decoder (`orl.decode.block`) calls them once per denoising step.
+Shapes: B batch, K block length, V vocab. ``unresolved`` (B, K) bool is True where a position is
+not yet committed.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def step_distribution(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None):
+    """From logits (B, K, V): probs (B, K, V) of the processed distribution, chosen tokens (B, K),
+    their probability ``conf`` (B, K) and the normalised entropy (B, K) in [0, 1].
+
+    temperature 0 means greedy: tokens are the argmax of softmax(logits)."""
+    lf = logits.float()
+    probs = torch.softmax(lf / temperature if temperature > 0 else lf, dim=-1)
+    if temperature > 0:
+        flat = probs.reshape(-1, probs.shape[-1])
+        tokens = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    else:
+        tokens = probs.argmax(-1)
+    conf = probs.gather(-1, tokens[..., None]).squeeze(-1)
+    return probs, tokens, conf, normalized_entropy(probs)
+
+
+def normalized_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """H(p) / log V over the last axis; (..., V) -> (...)."""
+    logp = torch.log(probs.clamp_min(1e-30))
+    return -(probs * logp).sum(-1) / math.log(probs.shape[-1])
+
+
+def step_quota(K: int, steps: int, step: int) -> int:
+    """Tokens to commit at ``step`` when K is split evenly over ``steps`` (remainder first)."""
+    base, rem = divmod(K, steps)
+    return max(1, base + (1 if step < rem else 0))
+
+
+def _top_n(score: torch.Tensor, allowed: torch.Tensor, n: torch.Tensor | int) -> torch.Tensor:
+    """(B, K) bool: the n highest-scoring allowed positions per row (n (B,) or int)."""
+    s = score.masked_fill(~allowed, float("-inf"))
+    order = torch.sort(s, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(s.shape[-1], device=s.device).expand_as(order))
+    n = torch.as_tensor(n, device=s.device).view(-1, 1) if not isinstance(n, int) else n
+    return allowed & (rank < n)
+
+
+def select_threshold(conf: torch.Tensor, unresolved: torch.Tensor, threshold: float, quota: int) -> torch.Tensor:
+    """SDAR ``low_confidence_dynamic``: all unresolved positions with conf > threshold; if fewer
+    than ``quota``, the top-``quota`` by confidence instead."""
+    above = unresolved & (conf > threshold)
+    fallback = _top_n(conf, unresolved, quota)
+    enough = above.sum(-1, keepdim=True) >= torch.clamp(unresolved.sum(-1, keepdim=True), max=quota)
+    return torch.where(enough, above, fallback)
+
+
+def select_topk(conf: torch.Tensor, unresolved: torch.Tensor, quota: int) -> torch.Tensor:
+    """SDAR ``low_confidence_static``: the top-``quota`` unresolved positions by confidence."""
+    return _top_n(conf, unresolved, quota)
+
+
+def select_entropy_bounded(entropy: torch.Tensor, unresolved: torch.Tensor, bound: float) -> torch.Tensor:
+    """EB-sampler: sort unresolved positions by entropy (ascending) and take the largest prefix whose
+    cumulative entropy stays <= ``bound``; at least one position per row with any unresolved."""
+    e = entropy.masked_fill(~unresolved, float("inf"))
+    order = torch.sort(e, dim=-1, stable=True).indices
+    cum = e.gather(-1, order).cumsum(-1)
+    take_sorted = cum <= bound
+    take_sorted[:, 0] = True
+    take = torch.zeros_like(unresolved)
+    take.scatter_(-1, order, take_sorted)
+    return take & unresolved
+
+
+def select_entropy_bound_accept(entropy: torch.Tensor, candidates: torch.Tensor, bound: float) -> torch.Tensor:
+    """DiffusionGemma acceptance: lowest-entropy candidates while cumsum(H) - max(H) <= bound
+    (the largest entropy of the accepted set is not charged), at least one per row."""
+    e = entropy.masked_fill(~candidates, float("inf"))
+    order = torch.sort(e, dim=-1, stable=True).indices
+    se = e.gather(-1, order)
+    cum = torch.where(torch.isinf(se), torch.full_like(se, float("inf")), se).cumsum(-1)
+    take_sorted = (cum - se) <= bound  # sorted ascending, so the running max is the current entry
+    take_sorted[:, 0] = True
+    take = torch.zeros_like(candidates)
+    take.scatter_(-1, order, take_sorted)
+    return take & candidates
+
+
+def llada_transfer(conf: torch.Tensor, masked: torch.Tensor, threshold: float) -> torch.Tensor:
+    """LLaDA-2.1 mask->token: masked positions with conf > threshold, else the single best one."""
+    return select_threshold(conf, masked, threshold, 1)
+
+
+def llada_edits(probs: torch.Tensor, canvas: torch.Tensor, editable: torch.Tensor, edit_threshold: float):
+    """LLaDA-2.1 token->token editing: editable positions whose argmax differs from the current
+    token with probability > edit_threshold. Returns (edit mask (B, K), new tokens (B, K))."""
+    p, arg = probs.max(-1)
+    return editable & (arg != canvas) & (p > edit_threshold), arg
+
+
+def dgemma_temperature(steps_left: int, max_steps: int, t_min: float, t_max: float) -> float:
+    """DiffusionGemma schedule T(n) = t_min + (t_max - t_min) n / N, n = steps remaining."""
+    return t_min + (t_max - t_min) * steps_left / max_steps
