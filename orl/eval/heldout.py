@@ -1,0 +1,63 @@
+"""Held-out accuracy and TPF of a model on a task: batched decode -> text -> the task's verifier.
+
+Owns the quick in-process evaluation used by SFT, ORL and the demo (prompts grouped by token
+length so rows of a batch share the prompt length the decoder needs). The frozen-input,
+append-only, isolated-scoring pipeline for published benchmarks is `orl.eval.generate`/`score`.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from ..decode import DecodeConfig, decode
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = False) -> list[int]:
+    if chat:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def eos_ids(tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        ids.add(tokenizer.pad_token_id)
+    return sorted(i for i in ids if i is not None)
+
+
+def completion_text(tokenizer, ids: list[int]) -> str:
+    eos = set(eos_ids(tokenizer))
+    return tokenizer.decode([i for i in ids if i not in eos], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, problems, dcfg: DecodeConfig, batch_size: int = 64, chat: bool = False,
+             progress=None) -> dict:
+    """Accuracy, TPF (with and without commit), steps per block and per-problem records."""
+    groups = defaultdict(list)
+    for p in problems:
+        groups[len(encode_prompt(tokenizer, p.prompt, chat))].append(p)
+    dev = next(model.parameters()).device
+    records, n_tok, n_fwd, n_fwd_nc, t0 = [], 0, 0, 0, time.time()
+    for plen, ps in sorted(groups.items()):
+        for i in range(0, len(ps), batch_size):
+            chunk = ps[i:i + batch_size]
+            prompt = torch.tensor([encode_prompt(tokenizer, p.prompt, chat) for p in chunk], device=dev)
+            out = decode(model, prompt, dcfg, eos_ids=eos_ids(tokenizer), mask_id=tokenizer.mask_token_id)
+            for r, p in enumerate(chunk):
+                text = completion_text(tokenizer, out.tokens[r])
+                ok = task.verify(p, text)
+                f, fnc = out.forwards(r, True), out.forwards(r, False)
+                n_tok, n_fwd, n_fwd_nc = n_tok + len(out.tokens[r]), n_fwd + f, n_fwd_nc + fnc
+                records.append({"id": p.id, "completion": text, "correct": ok, "n_tokens": len(out.tokens[r]),
+                                "forwards": f, "steps_per_block": out.steps_per_block[r]})
+            if progress is not None:
+                progress(len(chunk))
+    n = len(records)
+    spb = [s for r in records for s in r["steps_per_block"]]
+    return {"accuracy": sum(r["correct"] for r in records) / max(n, 1), "tpf": n_tok / max(n_fwd, 1),
+            "tpf_no_commit": n_tok / max(n_fwd_nc, 1), "steps_per_block": sum(spb) / max(len(spb), 1),
+            "n": n, "seconds": time.time() - t0, "records": records}

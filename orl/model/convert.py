@@ -1,0 +1,56 @@
+"""Checkpoint conversions: the start model of an ORL run (`orl convert`).
+
+``orl convert scrp --in BASE --out START --gamma 8`` is our equivalent of the release's
+``make_scrp_base.py --gamma 8`` (orl-method.md 2.3, reading a): it makes sure the model has a
+residual pathway (a zero-output one is attached if the checkpoint has none, so the function is
+unchanged) and re-parameterises it with ``gamma`` (W_down stored x gamma, output / gamma), which
+leaves the logits unchanged while shrinking Adam's per-step change of the pathway by gamma.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+import torch
+
+from .hf import load_pretrained, save_pretrained
+from .pathway import ResidualPathway, rescale_pathway
+
+
+def ensure_pathway(model, where: str | None = None):
+    """Attach a zero-output residual pathway if the model has none (function unchanged)."""
+    if model.residual_pathway is None:
+        cfg = dataclasses.replace(model.config, pathway="mlp",
+                                  pathway_where=where or model.config.pathway_where)
+        p = next(model.parameters())
+        model.config = cfg
+        model.residual_pathway = ResidualPathway(cfg).to(device=p.device, dtype=p.dtype)
+        model.residual_pathway.reset_output()
+    return model
+
+
+def make_orl_start(src: str, dst: str, gamma: float = 8.0) -> None:
+    model = load_pretrained(src)
+    ensure_pathway(model)
+    rescale_pathway(model, gamma)
+    tok = None
+    if os.path.exists(os.path.join(src, "tokenizer_config.json")):
+        from transformers import AutoTokenizer  # noqa: PLC0415
+        tok = AutoTokenizer.from_pretrained(src)
+    save_pretrained(model, dst, tokenizer=tok)
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="orl convert", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="op", required=True)
+    s = sub.add_parser("scrp", help="ORL start model: ensure a residual pathway, rescale it by gamma")
+    s.add_argument("--in", dest="src", required=True)
+    s.add_argument("--out", dest="dst", required=True)
+    s.add_argument("--gamma", type=float, default=8.0)
+    a = ap.parse_args(argv)
+    torch.set_grad_enabled(False)
+    make_orl_start(a.src, a.dst, a.gamma)
+    print(f"wrote {a.dst} (pathway gamma = {a.gamma})")
+    return 0

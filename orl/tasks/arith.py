@@ -1,0 +1,85 @@
+"""The embedded default task: multi-term addition with carries, written out step by step.
+
+Prompt ``47+85+19=``; response ``47+85=132;132+19=151;#151``. Each partial sum depends on the
+previous one and each digit of a sum on the carries below it, so a block-diffusion model cannot
+commit the whole response in one step: the base model keeps genuine sequential dependency
+(TPF well below the block length), which is the room ORL needs to show a gain.
+
+Deterministic generator: problem i of a split is a function of (seed, split, i) only. The
+held-out split holds exactly the operand tuples whose stable hash falls in bucket 0 of 10; the
+train split never yields one of them, so train and held-out never share a problem.
+The single verifier reads the first ``#<int>`` and compares it with the true sum; the worked
+steps are not graded (a right answer with a wrong intermediate line still counts, as for GSM8K).
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from .base import Problem
+
+_FINAL = re.compile(r"#\s*(-?\d+)")
+
+
+@dataclass
+class ArithTask:
+    """``terms`` operands of ``digits`` digits each (leading digit non-zero)."""
+
+    terms: int = 3
+    digits: int = 2
+    seed: int = 0
+    n_test: int = 500
+    name: str = "arith"
+
+    def __post_init__(self) -> None:
+        if self.terms < 2 or self.digits < 1:
+            raise ValueError(f"arith needs terms >= 2 and digits >= 1, got terms={self.terms}, digits={self.digits}")
+
+    # ---------------------------------------------------------------- generation
+    def _operands(self, rng: random.Random) -> tuple[int, ...]:
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        return tuple(rng.randint(lo, hi) for _ in range(self.terms))
+
+    @staticmethod
+    def _held_out(ops: tuple[int, ...]) -> bool:
+        h = hashlib.sha256(",".join(map(str, ops)).encode()).digest()
+        return h[0] % 10 == 0
+
+    def make(self, ops: tuple[int, ...], pid: str) -> Problem:
+        return Problem(id=pid, prompt="+".join(map(str, ops)) + "=", answer=sum(ops), meta={"operands": list(ops)})
+
+    def sample(self, split: str, index: int) -> Problem:
+        """Problem ``index`` of ``split`` (an infinite stream for "train")."""
+        want_test = split == "test"
+        rng = random.Random(f"{self.seed}:{split}:{index}")
+        while True:
+            ops = self._operands(rng)
+            if self._held_out(ops) == want_test:
+                return self.make(ops, f"{self.name}-{split}-{index}")
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in ("train", "test"):
+            raise ValueError(f"arith has splits 'train' and 'test', not {split!r}")
+        n = self.n_test if split == "test" else 10 * self.n_test
+        return [self.sample(split, i) for i in range(n)]
+
+    # ---------------------------------------------------------------- solution and verifier
+    @staticmethod
+    def solution(problem: Problem) -> str:
+        """The worked solution the SFT data teaches."""
+        ops = problem.meta["operands"]
+        lines, acc = [], ops[0]
+        for x in ops[1:]:
+            lines.append(f"{acc}+{x}={acc + x}")
+            acc += x
+        return ";".join(lines) + f";#{acc}"
+
+    def verify(self, problem: Problem, completion: str) -> float:
+        m = _FINAL.findall(completion)
+        return 1.0 if m and int(m[0]) == int(problem.answer) else 0.0
+
+
+def make_task(**kw) -> ArithTask:
+    return ArithTask(**kw)

@@ -1,0 +1,196 @@
+"""The ORL loop (orl-method.md 3.2): fresh rollouts -> verify -> select + pack -> one update -> repeat.
+
+One readable on-policy step per iteration. Rollouts use the current weights (strictly on-policy;
+``stale_every`` > 1 reuses an older rollout policy for the off-policy ablation). Only verified
+rollouts supervise. Data and rollout randomness are functions of (seed, step), so a resumed run
+ends in the same state as an uninterrupted one (tested). Under ``torchrun`` each rank rolls out a
+slice of the prompts, losses are normalised over the global number of responses, and gradients
+are summed across ranks before the optimiser step.
+Does not own: decoding (`orl.decode`), capture (`rollout`), packing (`pack`), losses (`losses`).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..decode import DecodeConfig
+from ..model import load_pretrained, save_pretrained
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .losses import LossConfig, orl_loss
+from .pack import pack, select_states
+from .rollout import rollout_group
+
+
+@dataclass
+class ORLConfig:
+    init: str = ""                    # start model directory (e.g. `orl convert scrp` output)
+    task: str = "arith"
+    task_kwargs: dict = field(default_factory=dict)
+    chat: bool = False
+    steps: int = 100
+    prompts_per_step: int = 8
+    group_size: int = 8               # G rollouts per prompt
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    states_per_response: int = 8      # selection budget                                          [G]
+    pack_mode: str = "packed"
+    max_row_tokens: int = 2048
+    loss: LossConfig = field(default_factory=LossConfig)
+    decode: DecodeConfig = field(default_factory=lambda: DecodeConfig(rule="threshold", block_size=16,
+                                                                      max_new_tokens=64, temperature=1.0))
+    topk_stats: int = 16              # rollout statistics kept per position (anchor="rollout")
+    stale_every: int = 1              # 1 = on-policy; n > 1 = rollouts from a policy up to n-1 steps old
+    eval_every: int = 0               # 0 = no in-loop evaluation
+    eval_n: int = 200
+    eval_decode: DecodeConfig | None = None
+    seed: int = 0
+    out: str = "runs/orl"
+    save_every: int = 25
+    log_every: int = 1
+
+
+def _world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
+              on_eval=None) -> str:
+    """Run (or resume) ORL; returns the final model directory (``out/final``)."""
+    from tqdm import tqdm  # noqa: PLC0415
+    from ..eval.heldout import evaluate  # noqa: PLC0415
+    from ..tasks.base import check_task  # noqa: PLC0415
+    from ..tasks.registry import get_task  # noqa: PLC0415
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    rank, world = _world()
+    if not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json")):
+        raise FileNotFoundError(f"ORL start model {cfg.init!r} not found; train a base with `orl sft` and make "
+                                "the start model with `orl convert scrp --in BASE --out START --gamma 8`")
+    task = check_task(get_task(cfg.task, **cfg.task_kwargs))
+    train_problems = hasattr(task, "sample")
+    pool = None if train_problems else task.problems("train")
+    tok = AutoTokenizer.from_pretrained(cfg.init)
+    model = load_pretrained(cfg.init)
+    frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.anchor == "frozen" else None
+    behaviour = copy.deepcopy(model).eval().requires_grad_(False) if cfg.stale_every > 1 else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+    step = 0
+    ck = latest_checkpoint(cfg.out) if resume else None
+    if ck:
+        step = load_checkpoint(ck, model, opt)["step"]
+        if behaviour is not None:  # the stale policy is the weights at the last refresh step
+            behaviour.load_state_dict(model.state_dict())
+    writer = None
+    if rank == 0:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+            writer = SummaryWriter(os.path.join(cfg.out, "tb"))
+        except Exception:
+            pass
+    K = cfg.decode.block_size
+    bar = tqdm(total=cfg.steps, initial=step, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
+    while step < cfg.steps:
+        t0 = time.time()
+        if behaviour is not None and step % cfg.stale_every == 0:
+            behaviour.load_state_dict(model.state_dict())
+        policy = behaviour if behaviour is not None else model
+        policy.eval()
+        # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts)
+        ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
+        mine = [i for j, i in enumerate(ids) if j % world == rank]
+        rolls = []
+        for i in mine:
+            prob = task.sample("train", i) if train_problems else pool[i % len(pool)]
+            g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
+            rolls += rollout_group(policy, tok, task, prob, cfg.group_size, cfg.decode, generator=g,
+                                   topk=cfg.topk_stats if cfg.loss.anchor == "rollout" else 0, chat=cfg.chat)
+        t_roll = time.time() - t0
+        # ---- 2. verify: only rewarded rollouts supervise
+        verified = [r for r in rolls if r.reward >= 1.0]
+        # ---- 3. select + pack
+        rng = random.Random(cfg.seed * 104_729 + step * 31 + rank)
+        sels = [select_states(r, cfg.states_per_response, rng) for r in verified]
+        sels = [s for s in sels if s.states]
+        n_local = torch.tensor([len(sels)], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(n_local)
+        n_global = float(n_local.item())
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        m = {}
+        t1 = time.time()
+        n_train_tok = 0
+        if sels:
+            batch = pack(sels, K, model.config.clean_attention, cfg.pack_mode, cfg.max_row_tokens,
+                         pad_id=tok.pad_token_id or 0)
+            n_train_tok = int(batch.tokens.numel())
+            fw = dict(residual=batch.residual, residual_where=batch.residual_where,
+                      residual_weight=batch.residual_weight)
+            logits = batch.gather(model(batch.tokens, batch.positions, batch.mask, **fw))
+            ref = None
+            if frozen is not None:
+                with torch.no_grad():
+                    ref = batch.gather(frozen(batch.tokens, batch.positions, batch.mask, **fw))
+            loss, m = orl_loss(logits, batch.targets, batch.unresolved, batch.resp, batch.pairs,
+                               batch.n_responses, cfg.loss, ref_logits=ref, ref_ids=batch.ref_ids,
+                               ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy)
+            (loss * len(sels) / max(n_global, 1.0)).backward()
+        if world > 1:
+            for p in model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+        if n_global > 0:
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            m["grad_norm"] = float(gn)
+        t_train = time.time() - t1
+        step += 1
+        # ---- metrics
+        n_tok = sum(r.n_generated for r in rolls)
+        fwd = sum(r.forwards for r in rolls)
+        spb = [s for r in rolls for s in r.steps_per_block]
+        m.update(reward=sum(r.reward for r in rolls) / max(len(rolls), 1), tpf=n_tok / max(fwd, 1),
+                 tpf_no_commit=n_tok / max(fwd - sum(len(r.steps_per_block) for r in rolls), 1),
+                 steps_per_block=sum(spb) / max(len(spb), 1), verified=len(verified),
+                 rollout_tokens_per_s=n_tok / max(t_roll, 1e-9), train_tokens_per_s=n_train_tok / max(t_train, 1e-9))
+        m["accuracy"] = m["reward"]
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and rank == 0:
+            model.eval()
+            ev = evaluate(model, tok, task, task.problems("test")[:cfg.eval_n], cfg.eval_decode or
+                          dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat)
+            m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
+                                                                      "steps_per_block")})
+            if on_eval:
+                on_eval(step, ev)
+        if rank == 0:  # append-only metrics log (after a resume a step may appear twice: last one wins)
+            os.makedirs(cfg.out, exist_ok=True)
+            with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"step": step, **m}) + "\n")
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}")
+            if writer and (step % cfg.log_every == 0):
+                for k, v in m.items():
+                    writer.add_scalar(f"orl/{k}", v, step)
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                save_checkpoint(cfg.out, step, model, opt, {}, tokenizer=tok)
+        if stop_after is not None and step >= stop_after:
+            break
+    bar.close()
+    if writer:
+        writer.close()
+    final = os.path.join(cfg.out, "final")
+    if step >= cfg.steps and rank == 0:
+        save_pretrained(model, final, tokenizer=tok)
+    return final

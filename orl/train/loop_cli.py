@@ -1,0 +1,41 @@
+"""`orl train --recipe NAME [--init DIR] [--set key=value ...] [--task module:function]`."""
+from __future__ import annotations
+
+import argparse
+
+
+def cli(argv: list[str]) -> int:
+    from ..recipes import apply_overrides, get_recipe  # noqa: PLC0415
+    from .loop import train_orl  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="orl train", description="On-policy residual learning from a recipe.")
+    ap.add_argument("--recipe", default="orl_arith")
+    ap.add_argument("--init", help="start model directory (default: the recipe's)")
+    ap.add_argument("--task", help="task name or a user's module:function (overrides the recipe)")
+    ap.add_argument("--out", help="run directory (default: the recipe's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field, e.g. --set loss.rho=0.4 --set steps=200")
+    ap.add_argument("--no-resume", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    cfg = get_recipe(a.recipe)
+    for k in ("init", "task", "out"):
+        if getattr(a, k):
+            setattr(cfg, k, getattr(a, k))
+    if a.task:
+        cfg.task_kwargs = {}
+    apply_overrides(cfg, a.set)
+    _maybe_init_distributed()
+    final = train_orl(cfg, resume=not a.no_resume, quiet=a.quiet)
+    print(f"final model: {final}")
+    return 0
+
+
+def _maybe_init_distributed() -> None:
+    """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPU."""
+    import os  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

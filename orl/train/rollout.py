@@ -1,0 +1,85 @@
+"""On-policy rollouts with exact residual capture, and their verification (orl-method.md 3.1-3.4).
+
+Owns: decoding G rollouts per prompt with the CURRENT weights and the family's decoder, keeping
+for every denoising step the state it consumed -- canvas tokens, unresolved set, the exact
+residual input z (bit for bit, the pre-adapter soft embedding), where it applied, its weight --
+plus the rollout statistics the losses need (the rollout policy's log-probabilities at the
+state, top-k sparse); and scoring each response with the task's single verifier.
+Replaying a captured state through the unchanged model reproduces the rollout's logits (tested).
+Does not own: which states train (`orl.train.pack`), the losses (`orl.train.losses`).
+Shapes: G rows per prompt, K block length, D hidden, V vocab, k top-k kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..decode import DecodeConfig, decode
+from ..eval.heldout import completion_text, encode_prompt, eos_ids
+
+
+@dataclass
+class State:
+    """One captured denoising state of one block of one rollout."""
+
+    block: int
+    step: int
+    canvas: torch.Tensor            # (K,) tokens consumed
+    unresolved: torch.Tensor        # (K,) bool before the step
+    residual: torch.Tensor | None   # (K, D) z consumed, or None (first step)
+    residual_where: torch.Tensor | None  # (K,) bool
+    residual_weight: torch.Tensor | None  # (K,)
+    entropy: torch.Tensor           # (K,) normalised entropy of the rollout policy at this state
+    ref_ids: torch.Tensor | None = None    # (K, k) top-k token ids of the rollout policy
+    ref_logp: torch.Tensor | None = None   # (K, k) their log-probabilities
+
+
+@dataclass
+class Rollout:
+    problem_id: str
+    prompt: list[int]
+    response: list[int]             # every committed token of every decoded block (K * n_blocks)
+    n_generated: int                # tokens up to and including EOS
+    text: str
+    reward: float
+    steps_per_block: list[int]
+    states: list[State] = field(default_factory=list)
+
+    @property
+    def forwards(self) -> int:
+        return sum(self.steps_per_block) + len(self.steps_per_block)
+
+
+@torch.no_grad()
+def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *, generator=None,
+                  topk: int = 16, chat: bool = False) -> list[Rollout]:
+    """G rollouts of one problem with capture; each verified with ``task.verify``."""
+    dev = next(model.parameters()).device
+    prompt = encode_prompt(tokenizer, problem.prompt, chat)
+    p = torch.tensor([prompt] * G, device=dev)
+    out = decode(model, p, dcfg, eos_ids=eos_ids(tokenizer), mask_id=tokenizer.mask_token_id, trace=True,
+                 trace_logits=topk > 0, generator=generator)
+    rolls = []
+    for r in range(G):
+        text = completion_text(tokenizer, out.tokens[r])
+        n_blocks = len(out.steps_per_block[r])
+        states = []
+        for rec in out.trace:
+            if rec.block >= n_blocks or not bool(rec.active[r]):
+                continue
+            ids = logp = None
+            if rec.logits is not None and topk > 0:
+                lp = torch.log_softmax(rec.logits[r].float(), -1)
+                logp, ids = lp.topk(min(topk, lp.shape[-1]), -1)
+            states.append(State(
+                rec.block, rec.step, rec.canvas[r].clone(), rec.unresolved[r].clone(),
+                None if rec.residual is None else rec.residual[r].clone(),
+                None if rec.residual_where is None else rec.residual_where[r].clone(),
+                None if rec.residual_weight is None else rec.residual_weight[r].clone(),
+                rec.entropy[r].clone(), ids, logp))
+        resp = list(out.block_tokens[r])
+        rolls.append(Rollout(problem.id, prompt, resp, len(out.tokens[r]), text, float(task.verify(problem, text)),
+                             list(out.steps_per_block[r]), states))
+    return rolls
+

@@ -1,0 +1,189 @@
+"""Offline block-diffusion SFT (`orl sft`): staged recipes, two-pass self-conditioning, exact resume.
+
+Owns the SFT loop: model construction (from scratch, from an autoregressive Qwen3 checkpoint, or
+from an orl checkpoint), per-stage LR schedule, batches from a task's worked solutions, the
+two-pass self-conditioning that trains the residual pathway (2.2: first pass without residual,
+its distribution detached into z, second pass with z at the residual positions), checkpoints,
+TensorBoard scalars and a progress bar.
+Batch contents and corruption are functions of (seed, step) only, so a resumed run reproduces
+an uninterrupted one bit for bit on CPU.
+Does not own: the loss and corruption (`orl.train.noise`), checkpoint files (`orl.train.checkpoint`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model import build_model, get_config, load_pretrained, save_pretrained
+from ..model.convert import ensure_pathway
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .noise import make_batch, sft_loss
+
+
+@dataclass
+class SFTStage:
+    """One stage of a staged recipe (the release trains QwenDLM in four such stages)."""
+
+    name: str
+    steps: int
+    lr: float = 1e-3
+    block_size: int | None = None     # None: the model's block size
+    selfcond: float = 0.5             # probability of the two-pass self-conditioned forward
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class SFTConfig:
+    family: str = "sdar"
+    size: str = "tiny"
+    model: dict = field(default_factory=dict)         # ModelConfig overrides
+    init: str | None = None                           # checkpoint dir (HF Qwen3 or orl) to start from
+    tokenizer: str = "char"
+    task: str = "arith"
+    task_kwargs: dict = field(default_factory=dict)
+    chat: bool = False
+    stages: list[SFTStage] = field(default_factory=lambda: [SFTStage("diffusion", 200)])
+    batch_size: int = 64
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    out: str = "runs/sft"
+    save_every: int = 500
+    log_every: int = 20
+    threads: int | None = None
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+
+def stage_at(cfg: SFTConfig, step: int) -> tuple[SFTStage, int]:
+    """The stage of global ``step`` and the step inside it."""
+    for st in cfg.stages:
+        if step < st.steps:
+            return st, step
+        step -= st.steps
+    return cfg.stages[-1], cfg.stages[-1].steps
+
+
+def lr_at(stage: SFTStage, i: int) -> float:
+    if i < stage.warmup:
+        return stage.lr * (i + 1) / stage.warmup
+    frac = (i - stage.warmup) / max(stage.steps - stage.warmup, 1)
+    return stage.lr * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def build_for(cfg: SFTConfig, tokenizer) -> torch.nn.Module:
+    """The starting model: a named size sized to the tokenizer, or a checkpoint (+ pathway if asked)."""
+    over = dict(cfg.model)
+    if cfg.init:  # an AR Qwen3 checkpoint or an orl checkpoint
+        model = load_pretrained(cfg.init)
+        if over.get("pathway", "none") != "none":
+            ensure_pathway(model, over.get("pathway_where"))
+        model.config = dataclasses.replace(model.config, **over)
+        return model
+    over.setdefault("vocab_size", len(tokenizer))
+    if tokenizer.mask_token_id is not None:
+        over.setdefault("mask_token_id", tokenizer.mask_token_id)
+    return build_model(get_config(cfg.family, cfg.size, **over), seed=cfg.seed)
+
+
+def task_pairs(task, tokenizer, step: int, batch_size: int, K: int, chat: bool) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids + EOS padded to a multiple of K) for training step ``step``."""
+    from ..eval.heldout import encode_prompt  # noqa: PLC0415
+    if not hasattr(task, "solution"):
+        raise TypeError(f"task {task.name!r} has no solution(problem) method; SFT needs worked solutions")
+    eos = tokenizer.eos_token_id
+    pairs = []
+    for i in range(batch_size):
+        p = task.sample("train", step * batch_size + i)
+        resp = tokenizer.encode(task.solution(p), add_special_tokens=False) + [eos]
+        resp += [eos] * (-len(resp) % K)
+        pairs.append((encode_prompt(tokenizer, p.prompt, chat), resp))
+    return pairs
+
+
+def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """One forward (two when self-conditioning): returns (loss, metrics)."""
+    where = None
+    z = None
+    if model.residual_pathway is not None and bool(selfcond_rows.any()):
+        with torch.no_grad():
+            first = model(batch.tokens, batch.positions, batch.mask)
+            z = model.soft_embed(torch.softmax(first.float(), -1))
+        sel = batch.noisy if model.config.pathway_where == "canvas" else batch.corrupted
+        where = sel & selfcond_rows[:, None]
+    logits = model(batch.tokens, batch.positions, batch.mask, residual=z, residual_where=where)
+    return sft_loss(logits, batch, noise)
+
+
+def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False) -> str:
+    """Run (or resume) SFT; returns the directory of the final model (``out/final``)."""
+    from tqdm import tqdm  # noqa: PLC0415
+    from ..tasks.registry import get_task  # noqa: PLC0415
+    from ..tokenizer import load_tokenizer  # noqa: PLC0415
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tok = load_tokenizer(cfg.tokenizer)
+    task = get_task(cfg.task, **cfg.task_kwargs)
+    model = build_for(cfg, tok)
+    model.train()
+    mc = model.config
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.stages[0].lr, weight_decay=cfg.weight_decay,
+                            betas=(0.9, 0.95))
+    step = 0
+    ck = latest_checkpoint(cfg.out) if resume else None
+    if ck:
+        step = load_checkpoint(ck, model, opt)["step"]
+    writer = None
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+        writer = SummaryWriter(os.path.join(cfg.out, "tb"))
+    except Exception:  # tensorboard missing: scalars only go to the progress bar
+        pass
+    total = cfg.total_steps
+    bar = tqdm(total=total, initial=step, desc="sft", disable=quiet, dynamic_ncols=True)
+    t0, toks = time.time(), 0
+    while step < total:
+        stage, i = stage_at(cfg, step)
+        K = stage.block_size or mc.block_size
+        for g in opt.param_groups:
+            g["lr"] = lr_at(stage, i)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        pairs = task_pairs(task, tok, step, cfg.batch_size, K, cfg.chat)
+        batch = make_batch(pairs, K, noise=mc.noise, mask_id=mc.mask_token_id, vocab_size=mc.vocab_size,
+                           pad_id=tok.pad_token_id or 0, clean_attention=mc.clean_attention, generator=gen)
+        rows = torch.rand(len(pairs), generator=gen) < stage.selfcond
+        loss, m = sft_step(model, batch, mc.noise, rows)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        toks += int(batch.tokens.numel())
+        bar.update(1)
+        if step % cfg.log_every == 0 or step == total:
+            m.update(lr=opt.param_groups[0]["lr"], grad_norm=float(gnorm), tokens_per_s=toks / (time.time() - t0))
+            bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['token_acc']:.3f}", stage=stage.name)
+            if writer:
+                for k, v in m.items():
+                    writer.add_scalar(f"sft/{k}", v, step)
+        if step % cfg.save_every == 0 or step == total:
+            save_checkpoint(cfg.out, step, model, opt, {"config": dataclasses.asdict(cfg)}, tokenizer=tok)
+        if stop_after is not None and step >= stop_after:
+            break
+    bar.close()
+    if writer:
+        writer.close()
+    final = os.path.join(cfg.out, "final")
+    if step >= total:
+        model.config.block_size = cfg.stages[-1].block_size or mc.block_size
+        save_pretrained(model, final, tokenizer=tok)
+    return final

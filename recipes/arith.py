@@ -1,0 +1,25 @@
+"""Recipes for the embedded default task (multi-term addition with worked steps).
+
+Each recipe is a function returning a config dataclass; variants call a base recipe and change
+fields. ``arith_sft`` is the base model of the demo: two stages in the spirit of the release's
+staged offline training (plain block diffusion, then self-conditioning that trains the pathway).
+"""
+from orl.train.sft import SFTConfig, SFTStage
+
+
+def arith_sft(out: str = "runs/arith-sft") -> SFTConfig:
+    return SFTConfig(
+        family="sdar", size="small", tokenizer="char", task="arith",
+        task_kwargs=dict(terms=3, digits=2),
+        stages=[SFTStage("diffusion", steps=600, lr=2e-3, selfcond=0.0, warmup=50),
+                SFTStage("selfcond", steps=600, lr=1e-3, selfcond=0.5, warmup=20)],
+        batch_size=64, out=out, save_every=300)
+
+
+def arith_sft_smoke(out: str = "runs/arith-sft-smoke") -> SFTConfig:
+    """A few steps of the same recipe: every code path, in seconds (tests)."""
+    cfg = arith_sft(out)
+    cfg.size = "tiny"
+    cfg.stages = [SFTStage("diffusion", steps=4, selfcond=0.0, warmup=2), SFTStage("selfcond", steps=4, warmup=2)]
+    cfg.batch_size, cfg.save_every, cfg.log_every = 8, 3, 2
+    return cfg

@@ -1,0 +1,57 @@
+"""ORL recipes on the embedded task, and the ablations of the release's Table 3a.
+
+``orl_arith`` is the demo's ORL stage; the variants change one thing each:
+  orl_arith_no_aec      lambda_aec = 0                (Table 3a "- AEC")
+  orl_arith_no_anchor   anchor = none                 (Table 3a "- entropy-gated reverse KL")
+  orl_arith_no_scaling  start model with gamma = 1    (pathway updates not scaled; the release's
+                        "- residual pathway" row removes the pathway, see orl_arith_no_pathway)
+  orl_arith_no_pathway  decode and train without the residual input
+  orl_arith_offpolicy   rollouts from a policy refreshed only every 10 steps (stale)
+"""
+from orl.decode import DecodeConfig
+from orl.train.loop import ORLConfig
+from orl.train.losses import LossConfig
+
+
+def orl_arith(init: str = "runs/demo/start", out: str = "runs/orl-arith") -> ORLConfig:
+    return ORLConfig(
+        init=init, task="arith", task_kwargs=dict(terms=3, digits=2), steps=80, prompts_per_step=8,
+        group_size=8, lr=2e-4, states_per_response=8,
+        loss=LossConfig(gate="hard", gate_tau=0.02, rho=0.25, lambda_aec=1.0, anchor="frozen",
+                        lambda_kl=0.1, kl_cap=1.0, kl_gate_tau=0.1),
+        decode=DecodeConfig(rule="threshold", block_size=16, max_new_tokens=48, threshold=0.9, temperature=1.0),
+        eval_decode=DecodeConfig(rule="threshold", block_size=16, max_new_tokens=48, threshold=0.9),
+        eval_every=20, eval_n=100, out=out, save_every=20)
+
+
+def orl_arith_no_aec(init: str = "runs/demo/start", out: str = "runs/orl-arith-no-aec") -> ORLConfig:
+    cfg = orl_arith(init, out)
+    cfg.loss.lambda_aec = 0.0
+    return cfg
+
+
+def orl_arith_no_anchor(init: str = "runs/demo/start", out: str = "runs/orl-arith-no-anchor") -> ORLConfig:
+    cfg = orl_arith(init, out)
+    cfg.loss.anchor = "none"
+    return cfg
+
+
+def orl_arith_no_pathway(init: str = "runs/demo/start", out: str = "runs/orl-arith-no-pathway") -> ORLConfig:
+    cfg = orl_arith(init, out)
+    cfg.decode.residual = False
+    cfg.eval_decode.residual = False
+    return cfg
+
+
+def orl_arith_offpolicy(init: str = "runs/demo/start", out: str = "runs/orl-arith-offpolicy") -> ORLConfig:
+    cfg = orl_arith(init, out)
+    cfg.stale_every = 10
+    return cfg
+
+
+def orl_arith_smoke(init: str, out: str) -> ORLConfig:
+    """Every code path in seconds (tests)."""
+    cfg = orl_arith(init, out)
+    cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.save_every = 3, 2, 3, 2
+    cfg.eval_every, cfg.eval_n = 0, 8
+    return cfg
