@@ -49,7 +49,7 @@ def orl_arith_offpolicy(init: str = "runs/demo/start", out: str = "runs/orl-arit
     return cfg
 
 
-def orl_arith_smoke(init: str, out: str) -> ORLConfig:
+def orl_arith_smoke(init: str = "runs/demo/start", out: str = "runs/orl-smoke") -> ORLConfig:
     """Every code path in seconds (tests)."""
     cfg = orl_arith(init, out)
     cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.save_every = 3, 2, 3, 2

@@ -1,0 +1,1 @@
+"""Evaluation: prepare -> generate -> score (isolated) -> table. One module per step."""

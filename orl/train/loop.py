@@ -119,8 +119,8 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         # ---- 2. verify: only rewarded rollouts supervise
         verified = [r for r in rolls if r.reward >= 1.0]
         # ---- 3. select + pack
-        rng = random.Random(cfg.seed * 104_729 + step * 31 + rank)
-        sels = [select_states(r, cfg.states_per_response, rng) for r in verified]
+        sels = [select_states(r, cfg.states_per_response, random.Random(f"{cfg.seed}:{step}:{r.problem_id}:{r.index}"))
+                for r in verified]
         sels = [s for s in sels if s.states]
         n_local = torch.tensor([len(sels)], dtype=torch.float64)
         if world > 1:

@@ -45,13 +45,11 @@ def entropy_norm(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _per_response(values: torch.Tensor, counts: torch.Tensor, resp: torch.Tensor, R: int) -> torch.Tensor:
-    """Mean over responses (with count > 0) of sum(values of r) / sum(counts of r)."""
+    """Mean over all R responses of sum(values of r) / sum(counts of r) (0 for a response with no
+    count), so the result is a plain average over responses and sums exactly across data-parallel ranks."""
     num = torch.zeros(R, dtype=values.dtype, device=values.device).index_add(0, resp, values)
     den = torch.zeros(R, dtype=values.dtype, device=values.device).index_add(0, resp, counts.to(values.dtype))
-    has = den > 0
-    if not bool(has.any()):
-        return values.sum() * 0.0
-    return (num[has] / den[has]).mean()
+    return (num / den.clamp_min(1e-12) * (den > 0)).sum() / max(R, 1)
 
 
 def pred_loss(logits, targets, unresolved, resp, R: int, gate: str, gate_tau: float):

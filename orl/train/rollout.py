@@ -45,6 +45,7 @@ class Rollout:
     reward: float
     steps_per_block: list[int]
     states: list[State] = field(default_factory=list)
+    index: int = 0                  # row within its group
 
     @property
     def forwards(self) -> int:
@@ -80,6 +81,6 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
                 rec.entropy[r].clone(), ids, logp))
         resp = list(out.block_tokens[r])
         rolls.append(Rollout(problem.id, prompt, resp, len(out.tokens[r]), text, float(task.verify(problem, text)),
-                             list(out.steps_per_block[r]), states))
+                             list(out.steps_per_block[r]), states, r))
     return rolls
 

@@ -1,0 +1,151 @@
+"""SFT and ORL loops end to end on tiny models: exact kill/resume, checkpoint validation, the
+gamma re-parameterisation, custom tasks, and data parallelism under torchrun (gloo, 2 processes)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from orl.model import CheckpointError, build_model, get_config, load_pretrained, save_pretrained
+from orl.model.convert import ensure_pathway, make_orl_start
+from orl.tokenizer import build_char_tokenizer
+from orl.train.loop import train_orl
+from orl.train.sft import train_sft
+from recipes.arith import arith_sft_smoke
+from recipes.orl_arith import orl_arith_smoke
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def _weights(d):
+    from orl.model.hf import read_state_dict
+    return read_state_dict(d)
+
+
+def _same(a, b):
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sft_kill_and_resume_is_exact(tmp_path):
+    full = arith_sft_smoke(str(tmp_path / "full"))
+    train_sft(full, resume=False, quiet=True)
+    cut = arith_sft_smoke(str(tmp_path / "cut"))
+    train_sft(cut, resume=False, quiet=True, stop_after=5)   # killed after step 5 (last checkpoint: 3)
+    assert not os.path.exists(tmp_path / "cut" / "final")
+    train_sft(cut, resume=True, quiet=True)
+    assert _same(_weights(tmp_path / "full" / "final"), _weights(tmp_path / "cut" / "final"))
+    m = load_pretrained(str(tmp_path / "full" / "final"))
+    assert m.config.block_size == full.stages[-1].block_size or m.config.block_size == 8
+
+
+def test_checkpoint_errors_name_the_keys(tmp_path):
+    m = build_model(get_config("sdar", "tiny"))
+    save_pretrained(m, str(tmp_path / "ok"), max_shard_bytes=20_000)  # sharded + index
+    assert os.path.exists(tmp_path / "ok" / "model.safetensors.index.json")
+    again = load_pretrained(str(tmp_path / "ok"))
+    assert _same(again.state_dict(), m.state_dict())
+    other = build_model(get_config("sdar", "tiny", hidden_size=32, head_dim=8, pathway="none"))
+    save_pretrained(other, str(tmp_path / "bad"))
+    import json
+    cfg = json.load(open(tmp_path / "ok" / "config.json"))
+    json.dump(cfg, open(tmp_path / "bad" / "config.json", "w"))  # config of one, weights of another
+    with pytest.raises(CheckpointError) as e:
+        load_pretrained(str(tmp_path / "bad"))
+    msg = str(e.value)
+    assert "missing" in msg and "misshaped" in msg and "residual_pathway" in msg and "nothing was loaded" in msg
+    shard = sorted(p for p in os.listdir(tmp_path / "ok") if p.endswith(".safetensors"))[0]
+    with open(tmp_path / "ok" / shard, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_pretrained(str(tmp_path / "ok"))
+    with pytest.raises(CheckpointError, match="config.json not found"):
+        load_pretrained(str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="unknown size"):
+        get_config("sdar", "huge")
+    with pytest.raises(ValueError, match="unknown family"):
+        get_config("gpt", "tiny")
+
+
+def test_orl_start_model_keeps_the_function(tmp_path):
+    tok = build_char_tokenizer()
+    m = build_model(get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id, pathway="none"))
+    save_pretrained(m, str(tmp_path / "base"), tokenizer=tok)
+    make_orl_start(str(tmp_path / "base"), str(tmp_path / "start"), gamma=8.0)
+    s = load_pretrained(str(tmp_path / "start"))
+    assert s.config.pathway == "mlp" and s.config.pathway_gamma == 8.0
+    torch.nn.init.normal_(s.residual_pathway.mlp.down_proj.weight, std=0.5)
+    x = torch.randint(5, 60, (1, 12))
+    z = torch.randn(1, 12, s.config.hidden_size)
+    where = torch.rand(1, 12) > 0.5
+    mask = torch.ones(12, 12, dtype=torch.bool)
+    before = s(x, torch.arange(12), mask, residual=z, residual_where=where)
+    from orl.model.pathway import rescale_pathway
+    rescale_pathway(s, 2.0)   # any gamma: same function, different parameterisation
+    after = s(x, torch.arange(12), mask, residual=z, residual_where=where)
+    assert torch.allclose(before, after, atol=1e-5)
+
+
+def _start(tmp_path):
+    tok = build_char_tokenizer()
+    m = build_model(get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                               block_size=16), seed=5)
+    ensure_pathway(m)
+    torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.1)
+    save_pretrained(m, str(tmp_path / "start"), tokenizer=tok)
+    return str(tmp_path / "start")
+
+
+def _coin(cfg):
+    cfg.task, cfg.task_kwargs = "coin_task:make_task", {}
+    cfg.decode.max_new_tokens = cfg.eval_decode.max_new_tokens = 32
+    return cfg
+
+
+def test_orl_kill_and_resume_is_exact(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(FIXTURES)
+    start = _start(tmp_path)
+    full = _coin(orl_arith_smoke(start, str(tmp_path / "full")))
+    full.steps = 4
+    train_orl(full, resume=False, quiet=True)
+    cut = _coin(orl_arith_smoke(start, str(tmp_path / "cut")))
+    cut.steps = 4
+    train_orl(cut, resume=False, quiet=True, stop_after=3)   # last checkpoint at step 2
+    train_orl(cut, resume=True, quiet=True)
+    a, b = _weights(tmp_path / "full" / "final"), _weights(tmp_path / "cut" / "final")
+    assert _same(a, b)
+    assert not _same(a, _weights(start))                      # it did train
+    lines = open(tmp_path / "full" / "metrics.jsonl").read().splitlines()
+    assert len(lines) == 4 and '"loss_aec"' in lines[-1] and '"tpf"' in lines[-1]
+
+
+def test_bad_custom_task_fails_before_rollout(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(FIXTURES)
+    start = _start(tmp_path)
+    cfg = orl_arith_smoke(start, str(tmp_path / "x"))
+    cfg.task, cfg.task_kwargs = "coin_task:not_a_task", {}
+    with pytest.raises(TypeError, match="lacks"):
+        train_orl(cfg, resume=False, quiet=True)
+    cfg.task = "no_such_module_xyz:make"
+    with pytest.raises(Exception, match="no_such_module_xyz"):
+        train_orl(cfg, resume=False, quiet=True)
+
+
+def test_torchrun_two_processes_match_one(tmp_path):
+    """Data parallelism over gloo: 2 ranks x half the prompts == 1 process x all prompts."""
+    start = _start(tmp_path)
+    env = {**os.environ, "PYTHONPATH": FIXTURES + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    common = ["--recipe", "orl_arith_smoke", "--init", start, "--task", "coin_task:make_task", "--quiet",
+              "--set", "steps=2", "--set", "prompts_per_step=4", "--set", "decode.max_new_tokens=32",
+              "--set", "eval_decode.max_new_tokens=32"]
+    one = subprocess.run([sys.executable, "-m", "orl.cli", "train", "--out", str(tmp_path / "one"), *common],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          "29517", "-m", "orl.cli", "train", "--out", str(tmp_path / "two"), *common],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    assert set(a) == set(b)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+    assert not _same(a, _weights(start))
