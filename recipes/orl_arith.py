@@ -15,7 +15,7 @@ from orl.train.losses import LossConfig
 
 def orl_arith(init: str = "runs/demo/start", out: str = "runs/orl-arith") -> ORLConfig:
     return ORLConfig(
-        init=init, task="arith", task_kwargs=dict(terms=3, digits=2), steps=80, prompts_per_step=8,
+        init=init, task="arith", task_kwargs=dict(terms=4, digits=1), steps=80, prompts_per_step=8,
         group_size=8, lr=2e-4, states_per_response=8,
         loss=LossConfig(gate="hard", gate_tau=0.02, rho=0.25, lambda_aec=1.0, anchor="frozen",
                         lambda_kl=0.1, kl_cap=1.0, kl_gate_tau=0.1),

@@ -48,6 +48,7 @@ class DecodeOutput:
     prompt_len: int
     block_size: int
     trace: list[StepRecord] = field(default_factory=list)
+    block_tokens: list[list[int]] | None = None  # every committed block of each row, EOS padding included
 
     def forwards(self, row: int, commit: bool = True) -> int:
         s = self.steps_per_block[row]
@@ -147,16 +148,20 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
         stable = torch.zeros(B, dtype=torch.long, device=dev)
         prev_arg = None
         z = weight = None
+        # canvas pathways (DiffusionGemma) always mark the canvas: the post-norm applies even with z = 0
         where = (torch.ones(B, K, dtype=torch.bool, device=dev) if where_canvas else unresolved.clone()) \
-            if use_res else None
+            if (use_res or (where_canvas and mcfg.pathway != "none")) else None
         for step in range(max_steps + post_cap):
             if not active.any():
                 break
             logits = _forward_canvas(model, cfg, committed, canvas, z, where, weight, cache, P)
             temp = cfg.temperature
-            if cfg.rule == "dgemma" and temp > 0:
-                temp = S.dgemma_temperature(max(max_steps - step, 0), max_steps, cfg.t_min, cfg.t_max)
-            probs, tok, conf, ent = S.step_distribution(logits, temp, generator)
+            if cfg.rule == "dgemma":  # processed logits lg = raw / T(n), n = steps remaining (HF)
+                temp = S.dgemma_temperature(max_steps - step, max_steps, cfg.t_min, cfg.t_max)
+                lg, probs, tok, ent_nats = S.dgemma_step(logits, temp, cfg.temperature == 0, generator)
+                ent = S.normalized_entropy(probs)
+            else:
+                probs, tok, conf, ent = S.step_distribution(logits, temp, generator)
             act = active[:, None]
             rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
             finished = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -181,32 +186,35 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
                 post += (~had_masks & active).long()
                 finished = ~had_masks & (~edits.any(-1) | (post >= cfg.max_post_steps))
                 take = take | edits
-            else:  # dgemma: uniform-state canvas, entropy-bound acceptance, re-noise the rest
-                take = S.select_entropy_bound_accept(ent, unresolved, cfg.entropy_bound) & act
-                canvas = torch.where(take, tok, canvas)
-                unresolved &= ~take
-                arg = probs.argmax(-1)
-                if prev_arg is not None:
-                    stable = torch.where((arg == prev_arg).all(-1), stable + 1, torch.zeros_like(stable))
-                prev_arg = arg
-                mean_ent = ent.mean(-1)
-                early = (stable >= cfg.stability_threshold) & (mean_ent < cfg.confidence_threshold)
-                last = step + 1 >= max_steps
-                fill = (early | torch.tensor(last, device=dev))[:, None] & unresolved & act
-                canvas = torch.where(fill, arg, canvas)
-                unresolved &= ~fill
+            else:  # dgemma: HF DiffusionGemma generate (docs/diffusiongemma-spec.md 9)
+                # Every position is re-judged each step: the lowest-entropy sampled tokens are
+                # accepted (entropy bound), all others re-noised uniformly; nothing stays fixed.
+                # A row stops when its argmax canvas is stable and confident, or at the last step,
+                # and commits the argmax canvas (not the sampled one). ``prev_arg`` holds the
+                # argmax history (s, B, K) of the stability test; rows already stopped are frozen.
+                take = S.dgemma_accept(ent_nats, cfg.entropy_bound)
                 noise = torch.randint(mcfg.vocab_size, (B, K), generator=generator, device="cpu").to(dev)
-                canvas = torch.where(unresolved & act, noise, canvas)
-                take = take | fill
-                finished = ~unresolved.any(-1)
+                arg = torch.where(act, lg.argmax(-1), canvas)
+                if prev_arg is None:
+                    prev_arg = torch.full((cfg.stability_threshold, B, K), -1, dtype=torch.long, device=dev)
+                stable, prev_arg = S.dgemma_stable(prev_arg, arg)
+                early = stable & (ent_nats.mean(-1) < cfg.confidence_threshold)
+                finished = early | (step + 1 >= max_steps)
+                stop = finished[:, None]
+                canvas = torch.where(act, torch.where(stop, arg, torch.where(take, tok, noise)), canvas)
+                unresolved = torch.where(act, ~take & ~stop, unresolved)  # re-noised positions
+                take = take | stop
             steps += active.long()
             if trace:
                 records.append(StepRecord(b, step, rec_canvas, rec_unres, z, where, weight, ent,
                                           take & act, active.clone(), logits if trace_logits else None))
             active = active & ~finished
             if use_res:  # residual of this step feeds the next one (3.7)
-                pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) else \
-                    torch.softmax(logits.float() / cfg.residual_temperature, -1)
+                if cfg.rule == "dgemma":  # HF: from the processed (temperature-scaled) logits
+                    pr = S.dgemma_selfcond_probs(lg, model.model.embed_tokens.weight.dtype)
+                else:
+                    pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) else \
+                        torch.softmax(logits.float() / cfg.residual_temperature, -1)
                 z = model.soft_embed(pr)
                 where = torch.ones_like(unresolved) if where_canvas else unresolved.clone()
                 weight = S.normalized_entropy(pr) if mcfg.pathway == "rcd" else None
@@ -237,4 +245,5 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
                     t = t[:i + 1]
                     break
         out_tokens.append(t)
-    return DecodeOutput(out_tokens, finish, steps_per_block, P, K, records)
+    blocks = [gen[r][:K * len(steps_per_block[r])] for r in range(B)]
+    return DecodeOutput(out_tokens, finish, steps_per_block, P, K, records, blocks)

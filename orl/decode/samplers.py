@@ -77,20 +77,6 @@ def select_entropy_bounded(entropy: torch.Tensor, unresolved: torch.Tensor, boun
     return take & unresolved
 
 
-def select_entropy_bound_accept(entropy: torch.Tensor, candidates: torch.Tensor, bound: float) -> torch.Tensor:
-    """DiffusionGemma acceptance: lowest-entropy candidates while cumsum(H) - max(H) <= bound
-    (the largest entropy of the accepted set is not charged), at least one per row."""
-    e = entropy.masked_fill(~candidates, float("inf"))
-    order = torch.sort(e, dim=-1, stable=True).indices
-    se = e.gather(-1, order)
-    cum = torch.where(torch.isinf(se), torch.full_like(se, float("inf")), se).cumsum(-1)
-    take_sorted = (cum - se) <= bound  # sorted ascending, so the running max is the current entry
-    take_sorted[:, 0] = True
-    take = torch.zeros_like(candidates)
-    take.scatter_(-1, order, take_sorted)
-    return take & candidates
-
-
 def llada_transfer(conf: torch.Tensor, masked: torch.Tensor, threshold: float) -> torch.Tensor:
     """LLaDA-2.1 mask->token: masked positions with conf > threshold, else the single best one."""
     return select_threshold(conf, masked, threshold, 1)
@@ -103,6 +89,59 @@ def llada_edits(probs: torch.Tensor, canvas: torch.Tensor, editable: torch.Tenso
     return editable & (arg != canvas) & (p > edit_threshold), arg
 
 
-def dgemma_temperature(steps_left: int, max_steps: int, t_min: float, t_max: float) -> float:
-    """DiffusionGemma schedule T(n) = t_min + (t_max - t_min) n / N, n = steps remaining."""
-    return t_min + (t_max - t_min) * steps_left / max_steps
+# --- DiffusionGemma (HF ``DiffusionGemmaGenerationMixin.generate``; docs/diffusiongemma-spec.md 9) ---
+def dgemma_temperature(steps_left: int, max_steps: int, t_min: float, t_max: float) -> torch.Tensor:
+    """T(n) = t_min + (t_max - t_min) * (n / N), n = steps remaining (N at the first step, 1 at the
+    last). A float32 scalar tensor computed as HF does (int32 n / N in float32), so that
+    ``logits / T`` is bit-identical to HF's processed logits."""
+    n = torch.tensor(steps_left, dtype=torch.int32)
+    return t_min + (t_max - t_min) * (n / max_steps)
+
+
+def dgemma_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats (not normalised), (..., V) -> (...), exactly HF's
+    ``Categorical(logits=...).entropy()``."""
+    return torch.distributions.Categorical(logits=logits, validate_args=False).entropy()
+
+
+def dgemma_step(logits: torch.Tensor, temperature: torch.Tensor, greedy: bool = False,
+                generator: torch.Generator | None = None):
+    """One step's processed distribution. logits (B, K, V) raw; returns processed logits
+    ``lg = logits / T`` (B, K, V) float32, probs softmax(lg) (B, K, V), the sampled tokens (B, K)
+    (one ``multinomial`` draw over all B*K rows, as HF; ``greedy``: the argmax, no draw) and the
+    entropy in nats (B, K)."""
+    lg = logits.float() / temperature
+    probs = torch.softmax(lg, dim=-1)
+    if greedy:
+        tokens = lg.argmax(-1)
+    else:
+        tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+    return lg, probs, tokens, dgemma_entropy(lg)
+
+
+def dgemma_accept(entropy: torch.Tensor, bound: float) -> torch.Tensor:
+    """Entropy-bound acceptance over ALL K positions (nothing stays fixed): sort entropies (nats)
+    ascending and accept while cumsum(H) - H <= bound, i.e. sum - max of the accepted set (the
+    sorted entry is the running max). The lowest-entropy position is always accepted.
+    entropy (B, K) -> (B, K) bool. Non-stable sort, as HF."""
+    sorted_h, order = torch.sort(entropy, dim=-1)
+    take_sorted = (sorted_h.cumsum(-1) - sorted_h) <= bound
+    return torch.zeros_like(take_sorted).scatter(-1, order, take_sorted)
+
+
+def dgemma_stable(history: torch.Tensor, argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stability test of the early stop: the argmax canvas equals each of the last s ones.
+    history (s, B, K) (filled with -1 at a block's start), argmax (B, K). Returns (stable (B,) bool,
+    the new history: rolled, newest last). s = 0: always stable."""
+    if history.shape[0] == 0:
+        return torch.ones(argmax.shape[0], dtype=torch.bool, device=argmax.device), history
+    stable = (history == argmax[None]).all(-1).all(0)
+    history = torch.roll(history, -1, 0)
+    history[-1] = argmax
+    return stable, history
+
+
+def dgemma_selfcond_probs(processed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distribution of the next step's self-conditioning input, as HF: the processed
+    (temperature-scaled) logits (B, K, V) cast to the embedding dtype, softmaxed in float32."""
+    return torch.softmax(processed.to(dtype), dim=-1, dtype=torch.float32)

@@ -42,10 +42,20 @@ class ModelConfig:
     norm_offset: float = 0.0                 # RMSNorm weight used as (offset + w); Gemma<=3: 1.0
     sandwich_norm: bool = False              # post-attention / post-MLP norms (Gemma)
     v_norm: bool = False                     # scale-free RMSNorm on values (Gemma 4)
-    attn_scale: float | None = None          # None: head_dim ** -0.5
-    final_logit_softcap: float | None = None
-    sliding_window: int | None = None
+    attn_scale: float | None = None          # None: head_dim ** -0.5 (DiffusionGemma: 1.0)
+    final_logit_softcap: float | None = None  # logits = c tanh(logits / c), computed in float32
+    layer_scalar: bool = False               # Gemma 4: a (1,) buffer scales the whole stream after each layer
+    sliding_window: int | None = None        # W; see `layer_types` and `Transformer.forward` for the rule
     layer_types: list[str] | None = None     # per layer: "full" or "sliding"
+    # --- per-layer-type attention (Gemma 4): "full" layers may differ from "sliding" ones ---
+    # head_dim / num_kv_heads / rope_theta above describe every layer unless overridden here for
+    # the "full" layers. None = same as above.
+    full_head_dim: int | None = None         # DiffusionGemma global_head_dim
+    full_num_kv_heads: int | None = None     # DiffusionGemma num_global_key_value_heads
+    full_rope_theta: float | None = None
+    full_rotary_fraction: float = 1.0        # "proportional" RoPE: int(f * hd // 2) frequency pairs
+                                             # rotate (dims [0,n) and [hd/2, hd/2+n)), freqs over hd
+    full_k_eq_v: bool = False                # full layers have no v_proj: V = (raw) k_proj(x)
     # --- mixture of experts (0 experts = dense) ---
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -53,6 +63,11 @@ class ModelConfig:
     num_shared_experts: int = 0
     first_dense_layers: int = 0
     router_norm_topk: bool = True
+    # Gemma 4 / DiffusionGemma MoE: every MoE layer also runs the dense MLP (intermediate_size) in
+    # parallel, each branch with its own pre/post norms, and the router reads the raw residual as
+    # proj(rms0(x) * scale * D^-1/2), its renormalised top-k weights times a per-expert scale.
+    parallel_dense_mlp: bool = False
+    router_scale: bool = False
     # --- diffusion ---
     noise: str = "mask"                      # "mask" (SDAR, LLaDA) or "uniform" (DiffusionGemma)
     mask_token_id: int | None = 151_669
@@ -84,10 +99,43 @@ class ModelConfig:
             self.layer_types = ["full"] * self.num_layers
         if len(self.layer_types) != self.num_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        bad = sorted(set(self.layer_types) - {"full", "sliding"})
+        if bad:
+            raise ValueError(f"layer_types may only contain 'full' and 'sliding', got {bad}")
+        if "sliding" in self.layer_types and not self.sliding_window:
+            raise ValueError("'sliding' layers need sliding_window (the window W in tokens)")
+        for i in range(self.num_layers):
+            if self.num_heads % self.layer_kv_heads(i):
+                raise ValueError(f"layer {i}: num_heads {self.num_heads} must be a multiple of its "
+                                 f"{self.layer_kv_heads(i)} KV heads")
+        if self.parallel_dense_mlp and not (self.is_moe and self.sandwich_norm):
+            raise ValueError("parallel_dense_mlp (Gemma 4) needs experts (num_experts > 0) and sandwich_norm=True")
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    # Per-layer attention shape: "full" layers may override head_dim / KV heads / RoPE (Gemma 4).
+    def _full(self, i: int) -> bool:
+        return self.layer_types[i] == "full"
+
+    def layer_head_dim(self, i: int) -> int:
+        return self.full_head_dim if self._full(i) and self.full_head_dim else self.head_dim
+
+    def layer_kv_heads(self, i: int) -> int:
+        return self.full_num_kv_heads if self._full(i) and self.full_num_kv_heads else self.num_kv_heads
+
+    def layer_k_eq_v(self, i: int) -> bool:
+        return self.full_k_eq_v and self._full(i)
+
+    def layer_rope(self, kind: str) -> tuple[int, float, int]:
+        """(head_dim, theta, rotary_dim) of layer type ``kind``; rotary_dim < head_dim means the
+        proportional partial rotation of `layers.rope_cos_sin`."""
+        if kind == "full":
+            hd = self.full_head_dim or self.head_dim
+            theta = self.full_rope_theta if self.full_rope_theta is not None else self.rope_theta
+            return hd, theta, 2 * int(self.full_rotary_fraction * hd // 2)
+        return self.head_dim, self.rope_theta, self.head_dim
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -105,16 +153,30 @@ class ModelConfig:
             json.dump(self.to_dict(), f, indent=2)
 
     def param_count(self, active: bool = False) -> int:
-        """Parameters (or parameters one token touches, ``active=True``), from shapes alone."""
-        D, hd = self.hidden_size, self.head_dim
-        attn = D * hd * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * hd * D
+        """Parameters (or parameters one token touches, ``active=True``), from shapes alone
+        (projection matrices and embeddings; norms, scales and the residual pathway not counted)."""
+        D = self.hidden_size
+        attn = 0
+        for i in range(self.num_layers):
+            hd, kv = self.layer_head_dim(i), self.layer_kv_heads(i)
+            attn += D * hd * (self.num_heads + (1 if self.layer_k_eq_v(i) else 2) * kv) + self.num_heads * hd * D
         dense_mlp = 3 * D * self.intermediate_size
         n_moe = self.num_layers - self.first_dense_layers if self.is_moe else 0
         e = self.num_experts_per_tok if active else self.num_experts
         moe_mlp = 3 * D * self.moe_intermediate_size * (e + self.num_shared_experts) + D * self.num_experts
-        body = self.num_layers * attn + (self.num_layers - n_moe) * dense_mlp + n_moe * moe_mlp
+        if self.parallel_dense_mlp:
+            moe_mlp += dense_mlp
+        body = attn + (self.num_layers - n_moe) * dense_mlp + n_moe * moe_mlp
         emb = self.vocab_size * D * (1 if self.tie_embeddings else 2)
         return body + emb
+
+
+# DiffusionGemma (docs/diffusiongemma-spec.md): every Gemma-4 option on; sizes come on top.
+DGEMMA_OPTIONS = dict(
+    hidden_act="gelu_tanh", rope_theta=10_000.0, sandwich_norm=True, v_norm=True, attn_scale=1.0,
+    final_logit_softcap=30.0, layer_scalar=True, full_rope_theta=1_000_000.0, full_rotary_fraction=0.25,
+    full_k_eq_v=True, parallel_dense_mlp=True, router_scale=True, noise="uniform", mask_token_id=None,
+    clean_attention="causal", pathway_post_norm=True, pathway_where="canvas")
 
 
 def _tiny(family: str, **kw) -> ModelConfig:
@@ -130,6 +192,9 @@ def _tiny(family: str, **kw) -> ModelConfig:
 SIZES: dict[str, dict[str, ModelConfig]] = {
     "sdar": {
         "tiny": _tiny("sdar"),
+        # the embedded demo's model (~1M parameters): trains on a laptop CPU in minutes
+        "small": _tiny("sdar", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+                       intermediate_size=384, block_size=16, pathway_intermediate=128),
         "qwen3-4b": ModelConfig(family="sdar", block_size=32, pathway="none"),
         "qwendlm-4b": ModelConfig(family="sdar", block_size=256, pathway="mlp", pathway_intermediate=2560),
     },
@@ -143,17 +208,26 @@ SIZES: dict[str, dict[str, ModelConfig]] = {
             num_shared_experts=1, first_dense_layers=1, mask_token_id=156_895, block_size=32),
     },
     "dgemma": {
-        "tiny": _tiny("dgemma", noise="uniform", mask_token_id=None, hidden_act="gelu_tanh", embed_scale=8.0,
-                      sandwich_norm=True, final_logit_softcap=30.0, clean_attention="causal",
-                      pathway_post_norm=True, pathway_where="canvas", block_size=16),
+        # the shape of tests/dg_reference.py's tiny HF DiffusionGemma: layers [S, F, S, F]; sliding
+        # layers hd 16 / 2 KV heads / RoPE 1e4; full layers hd 32 / 1 KV head / K = V / proportional
+        # RoPE 1e6 rotating 1/4; 4 experts top-2 beside a dense MLP; W = 8 < typical prompts.
+        "tiny": _tiny("dgemma", **DGEMMA_OPTIONS, vocab_size=256, num_layers=4, layer_types=["sliding", "full"] * 2,
+                      sliding_window=8, full_head_dim=32, full_num_kv_heads=1, embed_scale=8.0,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      pathway_intermediate=128, block_size=16),
+        # google/diffusiongemma-26B-A4B-it = the Gemma-4 26B-A4B shape (hidden 2816, 16 heads, 8 KV
+        # heads of 256, dense MLP 2112, 128 experts of 704 top-8, W 1024, 30 layers 5:1, V 262144,
+        # canvas 256); param_count() gives 25.2B total / 3.8B active. UNSURE (not read from the real
+        # checkpoint): full_head_dim=512 (HF's default global_head_dim), full_num_kv_heads=2 (HF's
+        # tensor-parallel comment on gemma-4-26B-A4B), max_position, rope thetas (HF defaults). Load
+        # a real config.json with `orl.model.hf_dgemma.config_from_dgemma` instead of trusting this.
         "diffusiongemma-26b-a4b": ModelConfig(
-            family="dgemma", vocab_size=262_144, hidden_size=2816, num_layers=30, num_heads=16, num_kv_heads=8,
-            head_dim=256, intermediate_size=2112, rope_theta=1_000_000.0, max_position=131_072,
-            hidden_act="gelu_tanh", embed_scale=2816 ** 0.5, sandwich_norm=True, final_logit_softcap=30.0,
-            sliding_window=1024, layer_types=["sliding" if (i + 1) % 6 else "full" for i in range(30)],
-            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=704, noise="uniform",
-            mask_token_id=None, block_size=256, clean_attention="causal", pathway="mlp",
-            pathway_post_norm=True, pathway_where="canvas"),
+            family="dgemma", **DGEMMA_OPTIONS, vocab_size=262_144, hidden_size=2816, num_layers=30, num_heads=16,
+            num_kv_heads=8, head_dim=256, intermediate_size=2112, max_position=131_072,
+            embed_scale=2816 ** 0.5, sliding_window=1024,
+            layer_types=["sliding" if (i + 1) % 6 else "full" for i in range(30)],
+            full_head_dim=512, full_num_kv_heads=2, num_experts=128, num_experts_per_tok=8,
+            moe_intermediate_size=704, block_size=256, pathway="mlp", pathway_intermediate=2112),
     },
 }
 

@@ -37,9 +37,11 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, rotary_di
                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin (B, T, head_dim) for absolute ``positions`` (B, T).
 
-    ``rotary_dim`` < head_dim gives partial rotation in the "proportional" form: frequencies are
-    spaced as for the full head_dim and only the first rotary_dim/2 pairs rotate (the others get
-    frequency 0, i.e. cos 1, sin 0).
+    ``rotary_dim`` < head_dim gives partial rotation in the "proportional" form (HF Gemma 4
+    ``rope_type="proportional"``): frequencies are spaced as for the full head_dim,
+    inv_freq[i] = theta^(-2i/head_dim), and only the first rotary_dim/2 pairs rotate (the others get
+    frequency 0, i.e. cos 1, sin 0). With rotate-half that rotates dims [0, n) and [hd/2, hd/2 + n),
+    n = rotary_dim/2 -- not the first rotary_dim contiguous dims (NeoX partial rotary).
     """
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
@@ -58,15 +60,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """GQA attention with optional QK-norm (and scale-free V-norm), over cache + new tokens."""
+    """GQA attention with optional QK-norm (and scale-free V-norm), over cache + new tokens.
+
+    Head dim and KV heads come from the layer's type (`ModelConfig.layer_head_dim`); a "K = V"
+    layer (Gemma 4 full attention) has no v_proj and takes V from the raw k_proj output, before
+    k_norm and RoPE.
+    """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.cfg, self.layer_idx = cfg, layer_idx
-        D, H, Hkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        D, H = cfg.hidden_size, cfg.num_heads
+        self.Hkv, self.hd = Hkv, hd = cfg.layer_kv_heads(layer_idx), cfg.layer_head_dim(layer_idx)
         self.q_proj = nn.Linear(D, H * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(D, Hkv * hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(D, Hkv * hd, bias=cfg.attention_bias)
+        self.v_proj = None if cfg.layer_k_eq_v(layer_idx) else nn.Linear(D, Hkv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(H * hd, D, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_eps, cfg.norm_offset)
@@ -76,12 +84,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache=None, store_kv: bool = False) -> torch.Tensor:
-        """x (B, T, D); mask (B|1, T, S) bool, True = visible; returns (B, T, D)."""
+        """x (B, T, D); cos/sin (B, T, hd); mask (B|1, T, S) bool, True = visible; returns (B, T, D)."""
         B, T, _ = x.shape
-        H, Hkv, hd = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        H, Hkv, hd = self.cfg.num_heads, self.Hkv, self.hd
         q = self.q_proj(x).view(B, T, H, hd)
         k = self.k_proj(x).view(B, T, Hkv, hd)
-        v = self.v_proj(x).view(B, T, Hkv, hd)
+        v = k if self.v_proj is None else self.v_proj(x).view(B, T, Hkv, hd)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.v_norm is not None:
@@ -120,8 +128,11 @@ class GatedMLP(nn.Module):
 class MoE(nn.Module):
     """Routed experts (softmax router, top-k, optional renormalisation) plus shared experts.
 
-    Expert weights are stacked: ``gate_up_proj`` (E, 2I, D), ``down_proj`` (E, D, I). Tokens are
-    grouped per selected expert, so compute scales with the experts a batch actually touches.
+    Expert weights are stacked: ``gate_up_proj`` (E, 2I, D) with rows [gate; up], ``down_proj``
+    (E, D, I). Tokens are grouped per selected expert, so compute scales with the experts a batch
+    actually touches. With ``cfg.router_scale`` (Gemma 4) the router input is normalised without
+    weight, times ``router_scale`` (D,) and D^-1/2, and the renormalised top-k weights are
+    multiplied by ``per_expert_scale`` (E,); the caller passes the raw residual as ``router_input``.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -136,43 +147,91 @@ class MoE(nn.Module):
         self.act = _act(cfg.hidden_act)
         self.shared_experts = (GatedMLP(D, I * cfg.num_shared_experts, cfg.hidden_act)
                                if cfg.num_shared_experts else None)
+        self.gemma = cfg.router_scale
+        if self.gemma:
+            self.router_norm = RMSNorm(D, cfg.rms_eps, with_scale=False)
+            self.router_scale = nn.Parameter(torch.ones(D))
+            self.per_expert_scale = nn.Parameter(torch.ones(E))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        probs = torch.softmax(self.gate(x2).float(), dim=-1)
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (N, D) -> expert weights (N, k) float32 and expert ids (N, k)."""
+        if self.gemma:
+            x = self.router_norm(x) * self.router_scale * x.shape[-1] ** -0.5
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
         w, idx = probs.topk(self.top_k, dim=-1)  # (N, k)
         if self.norm_topk:
             w = w / w.sum(-1, keepdim=True)
+        if self.gemma:
+            w = w * self.per_expert_scale[idx]
+        return w, idx
+
+    def forward(self, x: torch.Tensor, router_input: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, D) expert input; router_input (B, T, D) (None: x). Returns (B, T, D)."""
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        w, idx = self.route(x2 if router_input is None else router_input.reshape(-1, shape[-1]))
         out = torch.zeros_like(x2)
         for e in idx.unique().tolist():
             rows, slot = (idx == e).nonzero(as_tuple=True)
             g, u = F.linear(x2[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
             y = F.linear(self.act(g) * u, self.down_proj[e])
-            out.index_add_(0, rows, y * w[rows, slot, None].to(y.dtype))
+            # Gemma 4 weighs in float32 and casts the product (HF); LLaDA path casts w first
+            y = (y * w[rows, slot, None]).to(y.dtype) if self.gemma else y * w[rows, slot, None].to(y.dtype)
+            out.index_add_(0, rows, y)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x2)
         return out.view(shape)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm block; optional Gemma sandwich norms, Gemma-4 parallel dense MLP + experts, and a
+    per-layer scalar on the whole stream. Gemma 4 (docs/diffusiongemma-spec.md 4):
+      h = h + n_pa(attn(n_in(h)))
+      h = h + n_pf(n_pf1(mlp(n_pre(h))) + n_pf2(experts(n_pre2(h), router(h))))
+      h = h * s        s = ``layer_scalar`` (clean / encoder mode) or ``canvas_layer_scalar``
+                       (canvas / decoder mode, where ``canvas`` is True); HF keeps one per mode.
+    """
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.cfg = cfg
         self.self_attn = Attention(cfg, layer_idx)
         moe = cfg.is_moe and layer_idx >= cfg.first_dense_layers
-        self.mlp = MoE(cfg) if moe else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        self.parallel = moe and cfg.parallel_dense_mlp
+        if self.parallel:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+            self.moe = MoE(cfg)
+        else:
+            self.mlp = MoE(cfg) if moe else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
         norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_eps, cfg.norm_offset)  # noqa: E731
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
         if cfg.sandwich_norm:
             self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        if self.parallel:
+            self.post_feedforward_layernorm_1 = norm()
+            self.pre_feedforward_layernorm_2, self.post_feedforward_layernorm_2 = norm(), norm()
+        if cfg.layer_scalar:
+            self.register_buffer("layer_scalar", torch.ones(1))
+            self.register_buffer("canvas_layer_scalar", torch.ones(1))
 
-    def forward(self, x, cos, sin, mask, cache=None, store_kv=False):
+    def forward(self, x, cos, sin, mask, cache=None, store_kv=False, canvas=None):
+        """x (B, T, D); canvas (B, T) bool or None: tokens in canvas (decoder) mode."""
         if self.cfg.sandwich_norm:  # Gemma: norm -> attn -> norm -> add; norm -> mlp -> norm -> add
             x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, store_kv))
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, store_kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+            if self.parallel:  # both branches read the same residual x; the router reads it raw
+                m1 = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+                m2 = self.post_feedforward_layernorm_2(self.moe(self.pre_feedforward_layernorm_2(x), router_input=x))
+                x = x + self.post_feedforward_layernorm(m1 + m2)
+            else:
+                x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        else:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, store_kv)
+            x = x + self.mlp(self.post_attention_layernorm(x))
+        if self.cfg.layer_scalar:
+            if canvas is None:
+                return x * self.layer_scalar
+            return x * torch.where(canvas[..., None], self.canvas_layer_scalar, self.layer_scalar)
+        return x
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
@@ -185,7 +244,8 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
 
 
 def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
-    return x if cap is None else torch.tanh(x / cap) * cap
+    """cap * tanh(x / cap) in float32 (HF Gemma casts the logits first); identity for cap None."""
+    return x if cap is None else torch.tanh(x.float() / cap) * cap
 
 
 __all__ = ["RMSNorm", "Attention", "GatedMLP", "MoE", "DecoderLayer", "rope_cos_sin", "apply_rope",

@@ -4,6 +4,8 @@ Owns the forward pass from token ids, positions and a visibility mask to logits,
 static KV cache. It knows nothing of training, decoding or HTTP (STYLE.md convention 5): callers
 pass the mask (built by `orl.model.masks`), the residual input z and where it applies.
 Prediction is not shifted: the hidden state at position i predicts the token at i (SDAR; 1.2).
+DiffusionGemma's encoder (causal, writes the cache) and decoder (bidirectional canvas, reads it)
+are this one model under two masks (docs/diffusiongemma-spec.md 6).
 Shapes: B batch, T new tokens, S visible keys, D hidden, V vocab.
 """
 from __future__ import annotations
@@ -15,6 +17,12 @@ from .cache import KVCache
 from .config import ModelConfig
 from .layers import DecoderLayer, RMSNorm, init_weights, rope_cos_sin, soft_cap
 from .pathway import ResidualPathway, combine
+
+
+def _scale(c: float, dtype: torch.dtype) -> torch.Tensor:
+    """The embedding scale as HF Gemma applies it: a float32 scalar cast to the weights' dtype
+    (so sqrt(3072) = 55.43 becomes 55.5 in bf16)."""
+    return torch.tensor(c, dtype=torch.float32).to(dtype)
 
 
 class Body(nn.Module):
@@ -47,14 +55,14 @@ class Transformer(nn.Module):
         """Input embeddings (B, T, D) of tokens (B, T) with the residual pathway applied."""
         e = self.model.embed_tokens(tokens)
         if self.config.embed_scale != 1.0:
-            e = e * torch.tensor(self.config.embed_scale, dtype=e.dtype)
+            e = e * _scale(self.config.embed_scale, e.dtype)
         return combine(e, self.config, self.residual_pathway, residual, residual_where, residual_weight)
 
     def soft_embed(self, probs: torch.Tensor) -> torch.Tensor:
         """z = c * probs @ E: the pre-adapter soft embedding (B, T, D) of probs (B, T, V)."""
         E = self.model.embed_tokens.weight
         z = probs.to(E.dtype) @ E
-        return z * self.config.embed_scale if self.config.embed_scale != 1.0 else z
+        return z * _scale(self.config.embed_scale, z.dtype) if self.config.embed_scale != 1.0 else z
 
     # ----------------------------------------------------------------- forward
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
@@ -67,6 +75,10 @@ class Transformer(nn.Module):
         bool, True = visible, S = cache.length + T with a cache else T; residual (B, T, D) z;
         residual_where (B, T) bool; residual_weight (B, T) (rcd). ``store_kv`` writes the new
         tokens' keys/values into ``cache`` (the commit pass).
+        Per layer type ("full" / "sliding") the head dim, RoPE and mask differ: sliding layers see
+        ``sliding_window_mask(mask)``. With ``config.layer_scalar`` the positions in
+        ``residual_where`` are in canvas (decoder) mode and use each layer's canvas scalar; the
+        DiffusionGemma decoder passes the whole canvas there (``pathway_where="canvas"``).
         """
         cfg = self.config
         B, T = tokens.shape
@@ -80,14 +92,15 @@ class Transformer(nn.Module):
         h = inputs_embeds if inputs_embeds is not None else self.embed(tokens, residual, residual_where,
                                                                          residual_weight)
         dtype = h.dtype
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=dtype)
+        kinds = sorted(set(cfg.layer_types))
+        rope = {k: rope_cos_sin(positions, *cfg.layer_rope(k), dtype=dtype) for k in kinds}
         masks = {"full": mask}
-        if cfg.sliding_window and "sliding" in cfg.layer_types:
+        if "sliding" in kinds:
             kpos = cache.key_positions(positions) if cache is not None else positions
-            d = positions[:, :, None] - kpos[:, None, :]
-            masks["sliding"] = mask & (d.abs() < cfg.sliding_window)
+            masks["sliding"] = sliding_window_mask(mask, positions, kpos, cfg.sliding_window)
+        canvas = residual_where if cfg.layer_scalar else None
         for layer, kind in zip(self.model.layers, cfg.layer_types):
-            h = layer(h, cos, sin, masks.get(kind, mask), cache, store_kv)
+            h = layer(h, *rope[kind], masks[kind], cache, store_kv, canvas)
         if cache is not None and store_kv:
             cache.advance(positions)
         logits = self.lm_head(self.model.norm(h))
@@ -96,7 +109,30 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.model.embed_tokens.weight
         cfg = self.config
-        return KVCache(cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim, p.dtype, p.device)
+        n = cfg.num_layers
+        return KVCache(n, batch, [cfg.layer_kv_heads(i) for i in range(n)], max_len,
+                       [cfg.layer_head_dim(i) for i in range(n)], p.dtype, p.device)
+
+
+def sliding_window_mask(mask: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, window: int) -> torch.Tensor:
+    """Visibility of sliding-window layers: ``mask`` restricted to keys at positions > a(q) - W.
+
+    mask (B|1, T, S) bool, whose last T columns are the T query tokens themselves; qpos (B, T),
+    kpos (B, S) absolute positions. a(q) is the first position of q's *group*: the new tokens that
+    q sees and that see q (q itself for causal text; the whole canvas for a canvas query). So
+      causal / committed text:   q - W < k <= q        (HF Gemma sliding window, encoder)
+      canvas (bidirectional):    every canvas key, plus the W - 1 prefix keys before the canvas
+    which is what HF DiffusionGemma's decoder sees with its dynamic sliding cache (W - 1 tokens
+    kept; docs/diffusiongemma-spec.md 6.2), independent of the query's place in the canvas.
+    Derived from positions and the layout's mask, so cached, uncached and packed layouts agree.
+    """
+    T = qpos.shape[1]
+    new = mask[..., -T:]
+    mutual = new & new.transpose(-1, -2)  # (B|1, T, T)
+    big = torch.iinfo(qpos.dtype).max
+    anchor = torch.where(mutual, qpos[:, None, :], torch.full_like(qpos[:, None, :], big)).amin(-1)  # (B, T)
+    anchor = torch.minimum(anchor, qpos)  # a query that does not see itself: plain causal window
+    return mask & (kpos[:, None, :] > anchor[:, :, None] - window)
 
 
 def build_model(cfg: ModelConfig, seed: int | None = 0, dtype: torch.dtype = torch.float32,

@@ -1,6 +1,6 @@
 """The embedded default task: multi-term addition with carries, written out step by step.
 
-Prompt ``47+85+19=``; response ``47+85=132;132+19=151;#151``. Each partial sum depends on the
+Prompt ``7+8+9+6=``; response ``7+8=15;15+9=24;24+6=30;#30`` (defaults: 4 one-digit terms). Each partial sum depends on the
 previous one and each digit of a sum on the carries below it, so a block-diffusion model cannot
 commit the whole response in one step: the base model keeps genuine sequential dependency
 (TPF well below the block length), which is the room ORL needs to show a gain.
@@ -27,8 +27,8 @@ _FINAL = re.compile(r"#\s*(-?\d+)")
 class ArithTask:
     """``terms`` operands of ``digits`` digits each (leading digit non-zero)."""
 
-    terms: int = 3
-    digits: int = 2
+    terms: int = 4
+    digits: int = 1
     seed: int = 0
     n_test: int = 500
     name: str = "arith"
@@ -60,10 +60,22 @@ class ArithTask:
                 return self.make(ops, f"{self.name}-{split}-{index}")
 
     def problems(self, split: str) -> list[Problem]:
-        if split not in ("train", "test"):
+        """``n_test`` distinct held-out problems ("test"), or the first 10 x n_test of the train stream."""
+        if split == "train":
+            return [self.sample(split, i) for i in range(10 * self.n_test)]
+        if split != "test":
             raise ValueError(f"arith has splits 'train' and 'test', not {split!r}")
-        n = self.n_test if split == "test" else 10 * self.n_test
-        return [self.sample(split, i) for i in range(n)]
+        rng, seen, out = random.Random(f"{self.seed}:test"), set(), []
+        space = (9 * 10 ** (self.digits - 1)) ** self.terms
+        if space // 10 < self.n_test:
+            raise ValueError(f"terms={self.terms}, digits={self.digits} hold about {space // 10} held-out problems, "
+                             f"fewer than n_test={self.n_test}; use more terms or digits")
+        while len(out) < self.n_test:
+            ops = self._operands(rng)
+            if self._held_out(ops) and ops not in seen:
+                seen.add(ops)
+                out.append(self.make(ops, f"{self.name}-test-{len(out)}"))
+        return out
 
     # ---------------------------------------------------------------- solution and verifier
     @staticmethod

@@ -110,15 +110,16 @@ def task_pairs(task, tokenizer, step: int, batch_size: int, K: int, chat: bool) 
 
 
 def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """One forward (two when self-conditioning): returns (loss, metrics)."""
-    where = None
-    z = None
-    if model.residual_pathway is not None and bool(selfcond_rows.any()):
-        with torch.no_grad():
-            first = model(batch.tokens, batch.positions, batch.mask)
-            z = model.soft_embed(torch.softmax(first.float(), -1))
-        sel = batch.noisy if model.config.pathway_where == "canvas" else batch.corrupted
-        where = sel & selfcond_rows[:, None]
+    """One forward (two when self-conditioning): returns (loss, metrics). The residual positions are
+    the corrupted ones ("unresolved" pathways) or the whole noisy copy ("canvas" pathways, which also
+    post-normalise there); rows not drawn for self-conditioning get z = 0 (= the first step)."""
+    where = z = None
+    if model.residual_pathway is not None:
+        where = batch.noisy if model.config.pathway_where == "canvas" else batch.corrupted
+        if bool(selfcond_rows.any()):
+            with torch.no_grad():
+                first = model(batch.tokens, batch.positions, batch.mask, residual_where=where)
+                z = model.soft_embed(torch.softmax(first.float(), -1)) * selfcond_rows[:, None, None]
     logits = model(batch.tokens, batch.positions, batch.mask, residual=z, residual_where=where)
     return sft_loss(logits, batch, noise)
 
