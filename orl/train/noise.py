@@ -82,14 +82,22 @@ def make_batch(pairs: list[tuple[list[int], list[int]]], K: int, *, noise: str, 
     return SFTBatch(tokens, positions, masks, targets, weight, corrupted, noisy_pos, n_ans)
 
 
-def sft_loss(logits: torch.Tensor, batch: SFTBatch, noise: str) -> tuple[torch.Tensor, dict]:
-    """Block-diffusion SFT loss of logits (B, T, V); returns (loss, metrics)."""
+def sft_loss(logits: torch.Tensor, batch: SFTBatch, noise: str, weighting: str = "elbo") -> tuple[torch.Tensor, dict]:
+    """Block-diffusion SFT loss of logits (B, T, V); returns (loss, metrics).
+
+    ``weighting="elbo"``: sum CE/p / N_ans (SDAR, the diffusion ELBO); ``"flat"``: the plain mean CE
+    over supervised positions (lower variance: the 1/p weight reaches 1/eps = 1000 at tiny mask rates).
+    """
     V = logits.shape[-1]
     ce = F.cross_entropy(logits.float().reshape(-1, V), batch.targets.reshape(-1).clamp_min(0),
                          reduction="none").view_as(batch.weight)
     sel = batch.corrupted if noise == "mask" else batch.noisy
-    w = batch.weight * sel
-    loss = (ce * w).sum() / max(batch.n_ans, 1)
+    if weighting == "flat":
+        loss = (ce * sel).sum() / sel.sum().clamp_min(1)
+    elif weighting == "elbo":
+        loss = (ce * batch.weight * sel).sum() / max(batch.n_ans, 1)
+    else:
+        raise ValueError(f"unknown SFT loss weighting {weighting!r}; use 'elbo' or 'flat'")
     with torch.no_grad():
         acc = ((logits.argmax(-1) == batch.targets) & sel).sum() / sel.sum().clamp_min(1)
         plain = (ce * sel).sum() / sel.sum().clamp_min(1)

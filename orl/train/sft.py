@@ -52,6 +52,7 @@ class SFTConfig:
     batch_size: int = 64
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    weighting: str = "elbo"                           # "elbo" (SDAR: CE / p) or "flat" (mean CE)
     seed: int = 0
     out: str = "runs/sft"
     save_every: int = 500
@@ -109,7 +110,7 @@ def task_pairs(task, tokenizer, step: int, batch_size: int, K: int, chat: bool) 
     return pairs
 
 
-def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor, weighting: str = "elbo") -> tuple[torch.Tensor, dict]:
     """One forward (two when self-conditioning): returns (loss, metrics). The residual positions are
     the corrupted ones ("unresolved" pathways) or the whole noisy copy ("canvas" pathways, which also
     post-normalise there); rows not drawn for self-conditioning get z = 0 (= the first step)."""
@@ -121,7 +122,7 @@ def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor) -> tuple[tor
                 first = model(batch.tokens, batch.positions, batch.mask, residual_where=where)
                 z = model.soft_embed(torch.softmax(first.float(), -1)) * selfcond_rows[:, None, None]
     logits = model(batch.tokens, batch.positions, batch.mask, residual=z, residual_where=where)
-    return sft_loss(logits, batch, noise)
+    return sft_loss(logits, batch, noise, weighting)
 
 
 def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False) -> str:
@@ -162,7 +163,7 @@ def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None
         batch = make_batch(pairs, K, noise=mc.noise, mask_id=mc.mask_token_id, vocab_size=mc.vocab_size,
                            pad_id=tok.pad_token_id or 0, clean_attention=mc.clean_attention, generator=gen)
         rows = torch.rand(len(pairs), generator=gen) < stage.selfcond
-        loss, m = sft_step(model, batch, mc.noise, rows)
+        loss, m = sft_step(model, batch, mc.noise, rows, cfg.weighting)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -1,0 +1,405 @@
+"""The `LLM` object: text in, text out, over one block-diffusion model and its decoding protocol.
+
+Owns loading (a checkpoint directory or a named size with random weights), the tokenizer, the
+decoding protocol of the model's family and role, and the request-level work around one decode:
+prompt encoding (plain text or chat messages through the tokenizer's chat template), length
+checks against the context, incremental detokenisation as blocks commit (the text of a block is
+released only once it cannot change and cannot be the start of a stop string), stop strings,
+cancellation at block boundaries, and the per-request numbers (TPF with and without the commit
+pass, forwards, latency, tokens/s).
+
+Does not own: the denoising loop (`orl.decode`), HTTP or queueing (`orl.engine.server`), or
+batching: one request decodes at a time. Every decode goes through `LLM._decode`, the one place
+a faster runtime (static buffers, CUDA graphs) will plug in behind the same methods.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..decode import DecodeConfig, DecodeOutput, decode, protocol
+from ..model import build_model, find_size, load_pretrained
+from ..tokenizer import load_tokenizer
+
+Prompt = str | list[dict]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+CHAR_SIZES = ("tiny", "small")  # named sizes whose vocabulary is the character tokenizer's
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ContextLengthError(ValueError):
+    """A prompt or token budget that does not fit the context. ``param`` is "prompt" or
+    "max_new_tokens": the argument the caller should change."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]          # completion ids before EOS / the stop string
+    finish_reason: str            # "stop" (EOS or stop string), "length" or "cancelled"
+    tpf: float                    # tokens per forward, counting the cache-commit pass
+    tpf_no_commit: float          # ... without it (HF / DiffusionGemma count)
+    forwards: int                 # model forwards of the decode, commit passes included
+    forwards_no_commit: int       # ... denoising forwards only
+    request_tps: float            # completion tokens / latency
+    latency_s: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class LLM:
+    """One model, its tokenizer and its decoding protocol; ``generate`` and ``stream`` on text.
+
+    ``model``: a checkpoint directory (tokenizer read from it when it holds tokenizer files)
+    or a named size ("sdar/tiny", "qwen3-4b") built with random weights (seed 0).
+    ``decode_overrides``: DecodeConfig fields replacing the protocol's (e.g. threshold=0.8).
+    """
+
+    def __init__(self, model: str, role: str = "base", device: str = "cpu",
+                 dtype: str | torch.dtype | None = None, tokenizer=None, **decode_overrides):
+        self.name = model
+        self.device = device
+        dt = resolve_dtype(dtype, device)
+        if os.path.isdir(model):
+            self.model = load_pretrained(model, dtype=dt, device=device)
+            if tokenizer is None:
+                has_files = any(os.path.exists(os.path.join(model, f)) for f in TOKENIZER_FILES)
+                tokenizer = model if has_files else ("char" if self.model.config.vocab_size < 1000 else "qwen3")
+            self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        else:
+            try:
+                cfg = find_size(model)
+            except ValueError as e:
+                raise ValueError(f"model {model!r} is neither a checkpoint directory nor a named size: {e}") \
+                    from None
+            if tokenizer is None:
+                tokenizer = "char" if model.rsplit("/", 1)[-1] in CHAR_SIZES else "qwen3"
+            self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+            if model.rsplit("/", 1)[-1] in CHAR_SIZES:  # random weights sized to the tokenizer
+                over = {"vocab_size": len(self.tokenizer)}
+                if cfg.noise == "mask":
+                    over["mask_token_id"] = self.tokenizer.mask_token_id
+                cfg = dataclasses.replace(cfg, **over)
+            with torch.random.fork_rng(devices=[]):  # seeded init must not reseed the caller's RNG
+                self.model = build_model(cfg, seed=0, dtype=dt, device=device)
+        self.model.eval()
+        cfg = self.model.config
+        if len(self.tokenizer) > cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary is "
+                             f"{cfg.vocab_size}; pass the tokenizer these weights were trained with")
+        tok_mask = getattr(self.tokenizer, "mask_token_id", None)
+        if cfg.noise == "mask" and tok_mask is not None and tok_mask != cfg.mask_token_id:
+            raise ValueError(f"the tokenizer's mask id {tok_mask} differs from the model's mask_token_id "
+                             f"{cfg.mask_token_id}; pass the tokenizer these weights were trained with")
+        self.decode_config: DecodeConfig = protocol(cfg.family, role, **{"block_size": cfg.block_size,
+                                                                          **decode_overrides})
+        self.role = role
+        self.eos_ids = sorted({i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+                               if i is not None})
+        # Fast tokenizers are not safe to call from two threads at once ("Already borrowed").
+        self._tok_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def context_length(self) -> int:
+        return self.model.config.max_position
+
+    @property
+    def block_size(self) -> int:
+        return self.decode_config.block_size
+
+    # ------------------------------------------------------------------ prompts and lengths
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Prompt ids: text as is, or chat messages rendered with the tokenizer's chat template."""
+        if isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("this tokenizer has no chat template; send a plain text prompt instead")
+            if not prompt:
+                raise ValueError("messages is empty; send at least one message")
+            try:
+                with self._tok_lock:
+                    text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            except Exception as e:  # jinja errors of a template that rejects these messages
+                raise ValueError(f"the chat template cannot render these messages: {e}") from None
+        else:
+            raise ValueError(f"prompt must be a string or a list of message dicts, got {type(prompt).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the prompt is not valid Unicode text ({e.reason} at character {e.start})") from None
+        with self._tok_lock:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:  # the decoder needs at least one committed token to attend to
+            if self.tokenizer.bos_token_id is None:
+                raise ContextLengthError("the prompt is empty (0 tokens); send some text", "prompt")
+            ids = [self.tokenizer.bos_token_id]
+        return ids
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        return len(self.encode(prompt))
+
+    def max_new_tokens_fit(self, n_prompt: int) -> int:
+        """The largest token budget that fits after ``n_prompt`` tokens (whole blocks)."""
+        K = self.block_size
+        return max((self.context_length - n_prompt) // K * K, 0)
+
+    def check_lengths(self, n_prompt: int, max_new_tokens: int) -> None:
+        """Raise ContextLengthError unless the prompt and ``max_new_tokens`` (rounded up to whole
+        blocks, as the decoder allocates them) fit the context."""
+        C, K = self.context_length, self.block_size
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ContextLengthError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}",
+                                     "max_new_tokens")
+        if n_prompt + K > C:
+            raise ContextLengthError(f"the prompt has {n_prompt} tokens but the model context is {C} tokens, "
+                                     f"and at least one block of {K} must fit after it; shorten the prompt",
+                                     "prompt")
+        rounded = math.ceil(max_new_tokens / K) * K
+        if n_prompt + rounded > C:
+            raise ContextLengthError(
+                f"the prompt ({n_prompt} tokens) + max_new_tokens {max_new_tokens} (rounded up to whole blocks "
+                f"of {K}: {rounded}) = {n_prompt + rounded} exceeds the model context of {C} tokens; lower "
+                f"max_new_tokens to at most {self.max_new_tokens_fit(n_prompt)} or shorten the prompt",
+                "max_new_tokens")
+
+    def warmup(self) -> None:
+        """Decode one block once, so one-time setup (kernel selection, allocations) is not billed
+        to the first request's latency."""
+        self.generate(self.tokenizer.decode([self.eos_ids[0]]) if self.eos_ids else " ",
+                      max_new_tokens=1, ignore_eos=True)
+
+    def _text(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ decoding
+    def _decode(self, prompt_ids: list[int], cfg: DecodeConfig, eos_ids: list[int],
+                generator: torch.Generator | None, on_block: Callable) -> DecodeOutput:
+        """The one call into a decoder (the fast GPU runtime replaces this body)."""
+        prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            return decode(self.model, prompt, cfg, eos_ids=eos_ids, generator=generator, on_block=on_block)
+
+    def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
+                 stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
+                 on_text: Callable[[str], object] | None = None,
+                 cancel: threading.Event | None = None) -> Generation:
+        """Decode one prompt (text or chat messages). ``temperature=None`` keeps the protocol's;
+        greedy decoding without a ``seed`` uses seed 0, so it is deterministic for every family
+        (DiffusionGemma draws its starting canvas at random even when greedy).
+        ``ignore_eos`` decodes the whole budget (benchmarks). ``on_text(delta)`` receives text as
+        blocks commit (returning False cancels); ``cancel``, set by another thread, stops the
+        decode at the next block boundary."""
+        ids = self.encode(prompt)
+        self.check_lengths(len(ids), max_new_tokens)
+        if temperature is None:
+            temperature = self.decode_config.temperature
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature)
+        eos = [] if ignore_eos else self.eos_ids
+        text = _IncrementalText(self._text, max_new_tokens, eos, stops)
+        flags = {"cancelled": False}
+
+        def emit(delta: str) -> None:
+            if delta and on_text is not None and on_text(delta) is False:
+                flags["cancelled"] = True
+
+        def on_block(b: int, canvas: torch.Tensor) -> bool:
+            emit(text.add(canvas[0].tolist()))
+            if cancel is not None and cancel.is_set():
+                flags["cancelled"] = True
+            return not (flags["cancelled"] or text.stopped or text.full)
+
+        if seed is None and temperature == 0:
+            seed = 0
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        t0 = time.perf_counter()
+        out = self._decode(ids, cfg, eos, generator, on_block)
+        latency = time.perf_counter() - t0
+        emit(text.flush())
+        if text.stopped or text.hit_eos:
+            finish = "stop"
+        elif flags["cancelled"] and out.finish_reason[0] == "cancelled" and not text.full:
+            finish = "cancelled"
+        else:
+            finish = "length"
+        completion = text.completion_ids()
+        return Generation(text=text.text, token_ids=completion, finish_reason=finish, tpf=out.tpf(True),
+                          tpf_no_commit=out.tpf(False), forwards=out.forwards(0, True),
+                          forwards_no_commit=out.forwards(0, False),
+                          request_tps=len(completion) / max(latency, 1e-9), latency_s=latency,
+                          prompt_tokens=len(ids), completion_tokens=len(completion))
+
+    def stream(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
+               stop: str | list[str] | None = None, seed: int | None = None, *,
+               ignore_eos: bool = False) -> "Stream":
+        """Text increments as blocks commit. Iterate it; ``.result`` is the Generation once done;
+        ``.close()`` (or leaving a ``with`` block early) cancels at the next block boundary."""
+        self.check_lengths(self.count_tokens(prompt), max_new_tokens)  # fail here, not in the thread
+        return Stream(self, dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 stop=stop, seed=seed, ignore_eos=ignore_eos))
+
+
+_DONE = object()
+
+
+class Stream:
+    """Runs ``LLM.generate`` in a worker thread and yields its text increments.
+
+    The thread holds no reference to this object, so dropping an unfinished stream also
+    cancels it (its iterator's cleanup sets the cancel flag and joins the thread)."""
+
+    def __init__(self, llm: LLM, kwargs: dict):
+        self._cancel = threading.Event()
+        self._box: dict = {}
+        q: queue.Queue = queue.Queue()
+        cancel, box = self._cancel, self._box
+
+        def work() -> None:
+            try:
+                box["result"] = llm.generate(**kwargs, on_text=q.put, cancel=cancel)
+            except BaseException as e:  # re-raised in the consuming thread
+                box["error"] = e
+            finally:
+                q.put(_DONE)
+
+        self._thread = threading.Thread(target=work, daemon=True, name="orl-llm-stream")
+        self._thread.start()
+        self._iter = _drain(q, cancel, self._thread, box)
+
+    @property
+    def result(self) -> Generation | None:
+        """The finished Generation (None until the stream is exhausted or closed)."""
+        return self._box.get("result")
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def cancel(self) -> None:
+        """Stop decoding at the next block boundary; iteration then ends."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        self._cancel.set()
+        self._iter.close()
+        self._thread.join()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _drain(q: queue.Queue, cancel: threading.Event, thread: threading.Thread, box: dict) -> Iterator[str]:
+    try:
+        while (item := q.get()) is not _DONE:
+            yield item
+    finally:
+        cancel.set()
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+
+
+class _IncrementalText:
+    """Completion text as blocks arrive: cut at the token budget, EOS and the first stop string.
+
+    ``add`` returns the newly safe text: held back are a trailing U+FFFD (half of a multi-byte
+    character split across blocks) and any suffix that could begin a stop string."""
+
+    def __init__(self, detok: Callable[[list[int]], str], max_new_tokens: int, eos_ids: list[int],
+                 stops: list[str]):
+        self.detok, self.max_new, self.eos, self.stops = detok, max_new_tokens, set(eos_ids), stops
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.hit_eos = self.stopped = False
+        self._stop_at: int | None = None  # char index where the first stop string begins
+
+    @property
+    def full(self) -> bool:
+        return self.hit_eos or len(self.ids) >= self.max_new
+
+    def add(self, block_ids: list[int]) -> str:
+        if self.full or self.stopped:
+            return ""
+        for t in block_ids[:self.max_new - len(self.ids)]:
+            if t in self.eos:
+                self.hit_eos = True
+                break
+            self.ids.append(t)
+        self.text = self.detok(self.ids)
+        self._find_stop()
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        return self._release(final=True)
+
+    def _find_stop(self) -> None:
+        hits = [i for i in (self.text.find(s, max(self.emitted - len(s), 0)) for s in self.stops) if i >= 0]
+        if hits:
+            self._stop_at = min(hits)
+            self.text = self.text[:self._stop_at]
+            self.stopped = True
+
+    def _release(self, final: bool) -> str:
+        end = len(self.text)
+        if not final and not self.stopped:
+            while end > self.emitted and self.text[end - 1] == "\ufffd":
+                end -= 1
+            hold = end
+            for s in self.stops:  # longest suffix of text[:end] that is a proper prefix of a stop string
+                for k in range(min(len(s) - 1, end - self.emitted), 0, -1):
+                    if self.text.endswith(s[:k], 0, end):
+                        hold = min(hold, end - k)
+                        break
+            end = hold
+        if end <= self.emitted:
+            return ""
+        delta, self.emitted = self.text[self.emitted:end], end
+        return delta
+
+    def completion_ids(self) -> list[int]:
+        """Ids before EOS; with a stop string, the shortest prefix whose text reaches it."""
+        if not self.stopped:
+            return list(self.ids)
+        lo, hi = 0, len(self.ids)
+        while lo < hi:  # smallest m with len(text(ids[:m])) >= stop position
+            mid = (lo + hi) // 2
+            if len(self.detok(self.ids[:mid])) >= self._stop_at:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.ids[:lo]

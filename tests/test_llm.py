@@ -1,0 +1,138 @@
+"""The `LLM` API on tiny random models: generate == stream, stop strings, cancellation, length
+errors, chat templates, and the incremental-text rules (EOS / budget cut, stop-prefix hold-back)."""
+import pytest
+import torch
+
+from orl import LLM
+from orl.engine.llm import ContextLengthError, _IncrementalText
+from orl.tokenizer import build_char_tokenizer
+
+
+def _speaking(llm: LLM) -> LLM:
+    """A random tiny model's greedy argmax is the mask token itself (tied embeddings: a mask input
+    predicts a mask), which decodes to ''. Zeroing that row makes greedy text non-empty."""
+    with torch.no_grad():
+        llm.model.model.embed_tokens.weight[llm.tokenizer.mask_token_id] = 0
+    return llm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # two OpenMP threads on a shared 2-core machine stall each other; one is faster for tiny models
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return _speaking(LLM("sdar/tiny"))
+
+
+def test_generate_equals_stream_greedy(llm):
+    g = llm.generate("hello", max_new_tokens=40, ignore_eos=True)
+    assert g.text and g.finish_reason == "length" and g.completion_tokens == 40
+    s = llm.stream("hello", max_new_tokens=40, ignore_eos=True)
+    parts = list(s)
+    assert len(parts) > 1  # one increment per committed block, not one lump
+    assert "".join(parts) == g.text == s.result.text
+    assert s.result.token_ids == g.token_ids
+    assert g.forwards >= 40 // llm.block_size and 0 < g.tpf_no_commit and g.tpf < g.tpf_no_commit
+    assert g.prompt_tokens == 5 and g.latency_s > 0 and g.request_tps > 0
+
+
+@pytest.mark.parametrize("name", ["sdar/tiny", "llada/tiny", "dgemma/tiny"])
+def test_families_seeded_and_greedy_deterministic(name):
+    m = LLM(name)
+    a = m.generate("abc", max_new_tokens=16, temperature=1.0, seed=7)
+    b = m.generate("abc", max_new_tokens=16, temperature=1.0, seed=7)
+    s = m.stream("abc", max_new_tokens=16, temperature=1.0, seed=7)
+    assert a.text == b.text == "".join(s)
+    assert a.finish_reason in ("stop", "length")
+    # greedy is deterministic without a seed, even where the starting canvas is random (dgemma)
+    assert m.generate("abc", max_new_tokens=16).token_ids == m.generate("abc", max_new_tokens=16).token_ids
+
+
+def test_stop_strings(llm):
+    full = llm.generate("hello", max_new_tokens=64, temperature=1.0, seed=3, ignore_eos=True).text
+    stop = full[20:23]
+    cut = full.find(stop)
+    g = llm.generate("hello", max_new_tokens=64, temperature=1.0, seed=3, ignore_eos=True, stop=[stop, "never!"])
+    assert g.finish_reason == "stop" and g.text == full[:cut]
+    # the completion ids are the shortest prefix that produces the kept text
+    assert len(llm._text(g.token_ids)) >= cut > len(llm._text(g.token_ids[:-1]))
+    streamed = "".join(llm.stream("hello", max_new_tokens=64, temperature=1.0, seed=3, ignore_eos=True, stop=stop))
+    assert streamed == g.text
+
+
+def test_cancel_stream_at_block_boundary(llm):
+    with llm.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
+        next(s)
+    g = s.result
+    assert g.finish_reason == "cancelled" and g.completion_tokens < 400
+
+
+def test_cancel_flag_and_on_text_false(llm):
+    seen = []
+    g = llm.generate("hello", max_new_tokens=200, ignore_eos=True, on_text=lambda d: seen.append(d) is not None)
+    assert g.finish_reason == "cancelled" and len(seen) == 1 and g.completion_tokens == llm.block_size
+
+
+def test_prompt_too_long(llm):
+    with pytest.raises(ValueError, match="prompt has 600 tokens but the model context is 512"):
+        llm.generate("a" * 600)
+    with pytest.raises(ValueError, match="600 tokens"):
+        llm.stream("a" * 600)  # raised at once, not from the worker thread
+    with pytest.raises(ContextLengthError, match="exceeds the model context of 512") as e:
+        llm.generate("a" * 100, max_new_tokens=500)
+    assert e.value.param == "max_new_tokens"
+    assert llm.max_new_tokens_fit(100) == 408
+
+
+def test_chat_messages_use_the_template(llm):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    rendered = llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    g = llm.generate(msgs, max_new_tokens=16, ignore_eos=True)
+    assert g.prompt_tokens == len(llm.tokenizer.encode(rendered, add_special_tokens=False))
+    assert g.text == llm.generate(rendered, max_new_tokens=16, ignore_eos=True).text
+    tok = build_char_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        LLM("sdar/tiny", tokenizer=tok).generate(msgs)
+
+
+def test_unknown_model_names_the_sizes():
+    with pytest.raises(ValueError, match="neither a checkpoint directory nor a named size.*sdar/tiny"):
+        LLM("no-such-model")
+
+
+def _chars(ids):
+    return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_incremental_text_rules():
+    t = _IncrementalText(_chars, max_new_tokens=10, eos_ids=[25], stops=["cd"])
+    assert t.add([0, 1, 2]) == "ab"          # "c" held back: it may start the stop string "cd"
+    assert t.add([3, 4]) == "" and t.stopped  # "abcd..." -> stop at "cd"
+    assert t.flush() == "" and t.text == "ab" and t.completion_ids() == [0, 1]
+    t = _IncrementalText(_chars, max_new_tokens=10, eos_ids=[25], stops=["cd"])
+    assert t.add([0, 2]) == "a" and t.add([4, 25, 5]) == "ce" and t.hit_eos and t.ids == [0, 2, 4]
+    t = _IncrementalText(_chars, max_new_tokens=3, eos_ids=[], stops=[])
+    assert t.add([0, 1]) == "ab" and t.add([2, 3, 4]) == "c" and t.full
+    t = _IncrementalText(lambda ids: "x\ufffd" if len(ids) == 1 else "xy", 5, [], [])
+    assert t.add([1]) == "x" and t.add([2]) == "y"  # a half character waits for the next block
+
+
+def test_generate_cli_prints_text_and_report(capsys):
+    from orl.cli import main
+    args = ["generate", "--model", "sdar/tiny", "--max-new-tokens", "16", "--temperature", "1", "--seed", "4",
+            "--set", "threshold=0.5", "hello"]
+    assert main(args) == 0
+    plain = capsys.readouterr()
+    assert main(args[:1] + ["--stream"] + args[1:]) == 0
+    streamed = capsys.readouterr()
+    assert plain.out == streamed.out and plain.out.strip()
+    assert "TPF" in plain.err and "forwards" in plain.err and "tokens/s" in plain.err and "latency" in plain.err
+    assert main(["generate", "--model", "sdar/tiny", "--max-new-tokens", "9999", "x"]) == 1
+    assert "exceeds the model context" in capsys.readouterr().err
