@@ -1,0 +1,392 @@
+"""Engine benchmark: one command on a GPU, `python benchmarks/engine.py [--out DIR]`.
+
+Measures, in order:
+  1. the card's ceilings: device-to-device copy bandwidth (bytes read + written) and the bf16
+     matmul rate (8192^3);
+  2. correctness: the runtime against the reference decoder (orl.decode.decode, cached, greedy) --
+     end-to-end tokens and round-by-round parity (`orl.engine.parity`) -- for tiny/small models in
+     float32 and bf16 and a 2-layer Qwen3-4B shape in bf16, in each execution mode;
+  3. speed on the Qwen3-4B shape (random weights, bf16, 512-token context), 32-token block and
+     256-token canvas: per-round latency of
+       (a) the reference decoder, eager (`orl.decode.decode`): the first engine baseline,
+       (b) our runtime: one round as a CUDA graph; whole blocks in mode "while" (one launch),
+           "graph" (host loop, one sync per round) and "eager"; optionally torch.compile'd layers,
+       (c) transformers' Qwen3ForCausalLM (eager, dynamic cache cropped back each call),
+     against the floor = weight bytes / measured copy bandwidth; host overhead per round =
+     (block wall time - GPU time of its rounds) / rounds; whole-block latency for fixed rounds
+     (threshold 1.0 never fires, so the top-quota fallback commits K/steps tokens per round);
+  4. where one round's GPU time goes (profiler, eager round, kernels grouped by kind).
+Prints markdown tables and writes them to DIR/engine_results.md (and a JSON log).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from orl.decode import DecodeConfig, decode  # noqa: E402
+from orl.engine.graphs import conditional_nodes_available  # noqa: E402
+from orl.engine.parity import compare_decode, teacher_forced  # noqa: E402
+from orl.engine.runtime import Runtime  # noqa: E402
+from orl.model import build_model, get_config  # noqa: E402
+
+LOG: dict = {}
+OUT_LINES: list[str] = []
+
+
+OUT_DIR = ["."]
+
+
+def say(line: str = "") -> None:
+    """Print, and rewrite the results file so a run stopped part-way keeps what it measured."""
+    print(line, flush=True)
+    OUT_LINES.append(line)
+    with open(os.path.join(OUT_DIR[0], "engine_results.md"), "w") as f:
+        f.write("\n".join(OUT_LINES) + "\n")
+
+
+def table(header: list[str], rows: list[list]) -> None:
+    say("| " + " | ".join(header) + " |")
+    say("|" + "|".join("---" for _ in header) + "|")
+    for r in rows:
+        say("| " + " | ".join(str(x) for x in r) + " |")
+    say()
+
+
+def gpu_time(fn, iters: int = 20, warmup: int = 3) -> float:
+    """Median seconds of fn() by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(ts)
+
+
+def wall_time(fn, iters: int = 10, warmup: int = 2) -> float:
+    """Median seconds of fn() on the host clock, synchronised (fn syncs or we do)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+# ------------------------------------------------------------------------------ 1. ceilings
+def ceilings() -> tuple[float, float]:
+    n = 2 << 30  # 2 GiB per buffer, far past the 60 MB L2
+    x = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    y = torch.empty_like(x)
+    t = gpu_time(lambda: y.copy_(x), iters=20)
+    bw = 2 * n / t
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = gpu_time(lambda: a @ b, iters=10)
+    tf = 2 * 8192 ** 3 / t
+    del a, b
+    torch.cuda.empty_cache()
+    return bw, tf
+
+
+# --------------------------------------------------------------------------- 2. correctness
+def correctness(modes: list[str]) -> None:
+    say("## Correctness: runtime vs reference decoder (greedy, cached)\n")
+    cases = [("sdar/tiny", dict(tie_embeddings=False), 8, 0.05, torch.float32),
+             ("sdar/small", dict(tie_embeddings=False), 16, 0.05, torch.float32),
+             ("sdar/small", dict(tie_embeddings=False), 16, 0.05, torch.bfloat16),
+             ("qwen3-4b (2 layers)", dict(num_layers=2, layer_types=None, tie_embeddings=False), 32, 0.9, torch.float32),
+             ("qwen3-4b (2 layers)", dict(num_layers=2, layer_types=None, tie_embeddings=False), 32, 0.9, torch.bfloat16)]
+    rows = []
+    for name, kw, K, thr, dtype in cases:
+        size = "qwen3-4b" if name.startswith("qwen3") else name.split("/")[1]
+        model = build_model(get_config("sdar", size, **kw), seed=1, device="cuda").eval()
+        if model.residual_pathway is not None:
+            torch.nn.init.normal_(model.residual_pathway.mlp.down_proj.weight, std=0.2)
+        model = model.to(dtype)
+        prompt = torch.randint(5, 60, (1, 13), generator=torch.Generator().manual_seed(5)).cuda()
+        cfg = DecodeConfig(block_size=K, max_new_tokens=4 * K, threshold=thr)
+        torch._dynamo.reset()  # compiled layers: a fresh cache per model (dynamo's per-function limit)
+        runs = [(m, f, False) for m in modes for f in (True, False)] + [(modes[0], True, True)]
+        for mode, fold, comp in runs:
+            rt = Runtime(model, K, mode=mode, max_len=512, fold_commit=fold, bucket=64, compile=comp)
+            c = compare_decode(rt, model, prompt, cfg)
+            p = teacher_forced(rt, model, prompt, cfg)
+            n = len(c["ref"].tokens[0])
+            rows.append([name, str(dtype).replace("torch.", ""), mode + (" + compile" if comp else ""), fold,
+                         "yes" if c["equal"] else f"no (first diff at {c['first_diff']}/{n})",
+                         sum(c["ref"].steps_per_block[0]), f"{p.same_decision}/{p.rounds}", p.tie_explained,
+                         len(p.unexplained), f"{p.max_rel_logit_err:.1e}"])
+            LOG.setdefault("correctness", []).append(rows[-1])
+        del model
+    table(["model", "dtype", "mode", "fold commit", "same tokens end to end", "rounds (ref)",
+           "teacher-forced: same decision", "tie-explained", "unexplained", "max rel. logit err"], rows)
+
+
+# ------------------------------------------------------------------------------- 3. speed
+def reference_round(model, prompt, K, steps) -> tuple[float, int]:
+    """Per-forward seconds of orl.decode.decode: the host time between two consecutive blocks'
+    commits (``on_block``, synchronised) over that block's forwards (rounds + commit pass)."""
+    cfg = DecodeConfig(block_size=K, max_new_tokens=4 * K, threshold=1.0, steps=steps)
+    stamps: list[float] = []
+
+    def mark(b, toks):
+        torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    decode(model, prompt, DecodeConfig(block_size=K, max_new_tokens=K, threshold=1.0, steps=steps))  # warm-up
+    out = decode(model, prompt, cfg, on_block=mark)
+    rounds = out.steps_per_block[0][1]
+    per_block = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+    return per_block / (rounds + 1), rounds
+
+
+def ours(model, prompt, K, steps, mode, compile_layers) -> dict:
+    """Our runtime at a fixed context: prefill once, then every timed block starts from the same
+    committed length with a pending previous block (the steady state of fold_commit)."""
+    P = prompt.shape[1]
+    t0 = time.perf_counter()
+    rt = Runtime(model, K, mode=mode, max_len=P + 4 * K, compile=compile_layers)
+    cfg = DecodeConfig(block_size=K, max_new_tokens=K, threshold=1.0, steps=steps)
+    rt.set_request(cfg)
+    rt.prefill(prompt)
+    rt.generate_block()
+
+    def block():
+        rt.truncate(P)
+        rt.pending = True  # as after any block: its tokens wait in rt.prev, committed by the next start
+        return rt.generate_block()
+
+    toks, rounds = block()
+    setup = time.perf_counter() - t0
+    wall = wall_time(block, iters=10, warmup=1)
+    res = {"rounds": rounds, "block_wall": wall, "setup_s": setup, "rt": rt}
+    if mode != "eager":
+        S = rt._slots(P + 2 * K)
+        g_round, g_start = rt._graph("round", False, S), rt._graph("start", True, S)
+        rt.truncate(P)
+        res["round_gpu"] = gpu_time(g_round.replay, iters=30)
+
+        def replay_start():  # the folded start advances the cache length: rewind each time
+            rt.truncate(P)
+            g_start.replay()
+        res["start_gpu"] = gpu_time(replay_start, iters=10)
+        rt.truncate(P)
+        if mode == "while":
+            g_block = rt._graph("block", True, S)
+
+            def replay():
+                rt.truncate(P)
+                rt.pending = True
+                g_block.replay()
+            res["block_gpu"] = gpu_time(replay, iters=10)
+    return res
+
+
+def gemm_chain(rt, M: int) -> float:
+    """GPU seconds of only the round's matmuls (stock cuBLAS, M rows, one CUDA graph): the 4 per
+    layer on the baked (fused) weights, then the LM head."""
+    mats = [W for lw in rt.w.layers for W in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [rt.w.lm_head]
+    xs = {W.shape[1]: torch.randn(M, W.shape[1], device="cuda", dtype=W.dtype) for W in mats}
+
+    def chain():
+        for W in mats:
+            torch.nn.functional.linear(xs[W.shape[1]], W)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain()
+    return gpu_time(g.replay, iters=20)
+
+
+def hf_forward(cfg, K, P) -> float | None:
+    try:
+        from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: PLC0415
+    except ImportError:
+        return None
+    hcfg = Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                       num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                       num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                       max_position_embeddings=cfg.max_position, tie_word_embeddings=cfg.tie_embeddings,
+                       rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = Qwen3ForCausalLM(hcfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, P + K), device="cuda")
+    cache = DynamicCache()
+    with torch.no_grad():
+        hf(input_ids=ids[:, :P], past_key_values=cache, use_cache=True)
+
+        def step():
+            hf(input_ids=ids[:, P:], past_key_values=cache, use_cache=True)
+            cache.crop(P)
+        t = wall_time(step, iters=10, warmup=3)
+    del hf, cache
+    torch.cuda.empty_cache()
+    return t
+
+
+def profile_round(rt, P, K) -> list[list]:
+    """GPU time of one round run eagerly, by kernel kind (profiler; launch gaps not counted)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+    S = rt._slots(P + 2 * K)
+    rt.truncate(P)
+    for _ in range(2):
+        rt._round(S)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        rt._round(S)
+        torch.cuda.synchronize()
+    kinds: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        n = e.name.lower()
+        kind = ("attention" if any(s in n for s in ("fmha", "attention", "flash")) else
+                "gemm" if any(s in n for s in ("gemm", "cutlass", "sm90", "nvjet", "xmma")) else
+                "inductor-fused (triton)" if n.startswith("triton") else
+                "softmax/argmax/sort/reduce" if any(s in n for s in ("softmax", "argmax", "sort", "reduce")) else
+                "elementwise/other")
+        k = kinds.setdefault(kind, [0, 0.0])
+        k[0] += 1
+        k[1] += (e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total) / 1e3
+    return [[k, v[0], f"{v[1]:.3f}"] for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][1])]
+
+
+def speed(bw: float, skip_hf: bool) -> None:
+    torch._dynamo.reset()
+    cfg = get_config("sdar", "qwen3-4b")
+    P = 512
+    say(f"## Speed: Qwen3-4B shape, random weights, bf16, {P}-token context\n")
+    model = build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda").eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, P), generator=torch.Generator().manual_seed(0)).cuda()
+    rows, profs, notes = [], {}, []
+    variants = [("while", True), ("graph", True), ("while", False), ("eager", False)]
+    for K, steps_list in ((32, (32, 8)), (256, (16,))):
+        probe = Runtime(model, K, mode="eager", max_len=P + 4 * K)
+        wbytes = probe.w.weight_bytes()
+        kv_bytes = probe.kv.bytes_per_slot() * (P + 2 * K)
+        floor = wbytes / bw
+        t_mm = gemm_chain(probe, K)
+        del probe
+        torch.cuda.empty_cache()
+        notes.append(f"K={K}: weight bytes {wbytes / 1e9:.3f} GB; floor {floor * 1e3:.3f} ms at {bw / 1e12:.2f} TB/s "
+                     f"(+ KV of {P + 2 * K} slots, {kv_bytes / 1e6:.0f} MB: {(wbytes + kv_bytes) / bw * 1e3:.3f} ms); "
+                     f"the round's matmuls alone (stock cuBLAS, one graph): {t_mm * 1e3:.3f} ms = "
+                     f"{t_mm / floor:.2f}x floor, {wbytes / t_mm / 1e12:.2f} TB/s")
+        say(notes[-1])
+        for steps in steps_list:
+            ref_t, ref_rounds = reference_round(model, prompt, K, steps)
+            rows.append([K, "(a) reference decoder, eager", ref_rounds, f"{ref_t * 1e3:.2f}", f"{ref_t / floor:.2f}",
+                         f"{wbytes / ref_t / 1e9:.0f}", f"{ref_t * (ref_rounds + 1) * 1e3:.1f}", "-"])
+            say("  " + " | ".join(str(x) for x in rows[-1]))
+            for mode, comp in variants:
+                if mode == "while" and "while" not in MODES:
+                    continue
+                try:
+                    r = ours(model, prompt, K, steps, mode, comp)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    say(f"  {mode}{' + compile' if comp else ''} failed: {type(exc).__name__}: {exc}")
+                    continue
+                n = r["rounds"]
+                name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "")
+                per_round = r.get("round_gpu", r["block_wall"] / n)
+                over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
+                    (r["block_wall"] / n - per_round if mode == "graph" else None)
+                rows.append([K, name, n, f"{per_round * 1e3:.3f}", f"{per_round / floor:.2f}",
+                             f"{wbytes / per_round / 1e9:.0f}", f"{r['block_wall'] * 1e3:.2f}",
+                             "-" if over is None else f"{over * 1e6:.1f}"])
+                LOG.setdefault("speed", []).append(rows[-1] + [r["setup_s"], r.get("start_gpu")])
+                say("  " + " | ".join(str(x) for x in rows[-1]) + f" | setup {r['setup_s']:.1f} s")
+                if "start_gpu" in r and steps == steps_list[0]:
+                    notes.append(f"K={K}, {name}: the folded start (previous block's commit + first round, "
+                                 f"{2 * K} tokens) takes {r['start_gpu'] * 1e3:.3f} ms vs {per_round * 1e3:.3f} ms "
+                                 f"for a round: the commit costs {(r['start_gpu'] - per_round) * 1e3:.3f} ms "
+                                 "instead of a whole forward")
+                if K == 32 and steps == steps_list[0] and mode in ("while", "eager") and name not in profs:
+                    try:
+                        profs[name] = profile_round(r["rt"], P, K)
+                    except Exception as exc:  # noqa: BLE001
+                        say(f"  profile failed: {exc}")
+                del r
+                torch.cuda.empty_cache()
+        if not skip_hf:
+            try:
+                t = hf_forward(cfg, K, P)
+                if t is not None:
+                    rows.append([K, "(c) transformers Qwen3ForCausalLM, eager, one forward", 1, f"{t * 1e3:.2f}",
+                                 f"{t / floor:.2f}", f"{wbytes / t / 1e9:.0f}", "-", "-"])
+                    say("  " + " | ".join(str(x) for x in rows[-1]))
+            except Exception as exc:  # noqa: BLE001
+                say(f"  transformers baseline failed: {type(exc).__name__}: {exc}")
+        torch.cuda.empty_cache()
+    say()
+    for n in notes:
+        say(f"- {n}")
+    say("\nPer round: GPU time of one round graph (CUDA events, median of 30 replays) for the graph modes, "
+        "block wall / rounds for the eager paths (reference: host time between two blocks' commits / "
+        "(rounds + 1 commit)). Block: host wall time of one whole block incl. launch, sync and read-back. "
+        "Host overhead: (block wall - block GPU time) / rounds for 'while'; block wall / rounds - round GPU "
+        "time for 'graph' (includes the folded start's extra cost). Rounds are fixed by threshold 1.0 "
+        "(never reached) and steps = K / quota.\n")
+    table(["K", "variant", "rounds/block", "per round ms", "x floor", "weight GB/s", "block ms", "host overhead us/round"],
+          rows)
+    for name, prof_rows in profs.items():
+        say(f"### One round (K=32) of {name}, run eagerly: GPU time by kernel kind\n")
+        table(["kind", "kernels", "ms"], prof_rows)
+
+
+MODES: list[str] = []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--no-correctness", action="store_true")
+    args = ap.parse_args()
+    OUT_DIR[0] = args.out
+    os.makedirs(args.out, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ok, why = conditional_nodes_available()
+    MODES.extend(["while", "graph"] if ok else ["graph"])
+    name = torch.cuda.get_device_name()
+    say(f"# Engine benchmark\n\n{datetime.date.today().isoformat()} · {name} · torch {torch.__version__} · "
+        f"CUDA {torch.version.cuda} · command: `python benchmarks/engine.py`"
+        + ("" if ok else f" · device WHILE loop unavailable: {why}") + "\n")
+    bw, tf = ceilings()
+    LOG["copy_bw"], LOG["bf16_tflops"] = bw, tf
+    say(f"Copy bandwidth (read + write): {bw / 1e12:.2f} TB/s · bf16 matmul 8192^3: {tf / 1e12:.0f} TFLOP/s\n")
+    if not args.no_correctness:
+        correctness(MODES)
+    speed(bw, args.no_hf)
+    with open(os.path.join(args.out, "engine_log.json"), "w") as f:
+        json.dump(LOG, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        main()
