@@ -3,7 +3,7 @@
 ``orl_arith`` is the demo's ORL stage; the variants change one thing each:
   orl_arith_no_aec      lambda_aec = 0                (Table 3a "- AEC")
   orl_arith_no_anchor   anchor = none                 (Table 3a "- entropy-gated reverse KL")
-  orl_arith_no_scaling  start model with gamma = 1    (pathway updates not scaled; the release's
+  (pathway scaling)     the same recipe from a start model with gamma = 1 (benchmarks/ablations.py; the release's
                         "- residual pathway" row removes the pathway, see orl_arith_no_pathway)
   orl_arith_no_pathway  decode and train without the residual input
   orl_arith_offpolicy   rollouts from a policy refreshed only every 10 steps (stale)
@@ -16,7 +16,7 @@ from orl.train.losses import LossConfig
 def orl_arith(init: str = "runs/demo/start", out: str = "runs/orl-arith") -> ORLConfig:
     return ORLConfig(
         init=init, task="arith", task_kwargs=dict(terms=4, digits=1), steps=80, prompts_per_step=8,
-        group_size=8, lr=2e-4, states_per_response=8,
+        group_size=8, lr=3e-5, warmup=5, states_per_response=4, max_row_tokens=384,
         loss=LossConfig(gate="hard", gate_tau=0.02, rho=0.25, lambda_aec=1.0, anchor="frozen",
                         lambda_kl=0.1, kl_cap=1.0, kl_gate_tau=0.1),
         decode=DecodeConfig(rule="threshold", block_size=16, max_new_tokens=48, threshold=0.9, temperature=1.0),

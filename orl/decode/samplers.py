@@ -21,7 +21,10 @@ def step_distribution(logits: torch.Tensor, temperature: float, generator: torch
     probs = torch.softmax(lf / temperature if temperature > 0 else lf, dim=-1)
     if temperature > 0:
         flat = probs.reshape(-1, probs.shape[-1])
-        tokens = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+        if generator is not None and generator.device != flat.device:  # a CPU generator drives GPU sampling
+            tokens = torch.multinomial(flat.cpu(), 1, generator=generator).to(flat.device).view(probs.shape[:-1])
+        else:
+            tokens = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
     else:
         tokens = probs.argmax(-1)
     conf = probs.gather(-1, tokens[..., None]).squeeze(-1)

@@ -195,6 +195,9 @@ SIZES: dict[str, dict[str, ModelConfig]] = {
         # the embedded demo's model (~1M parameters): trains on a laptop CPU in minutes
         "small": _tiny("sdar", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
                        intermediate_size=384, block_size=16, pathway_intermediate=128),
+        # the larger run of the same recipe on a GPU (~11M parameters)
+        "medium": _tiny("sdar", hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64,
+                        intermediate_size=1152, block_size=16, pathway_intermediate=384),
         "qwen3-4b": ModelConfig(family="sdar", block_size=32, pathway="none"),
         "qwendlm-4b": ModelConfig(family="sdar", block_size=256, pathway="mlp", pathway_intermediate=2560),
     },
@@ -239,6 +242,8 @@ def get_config(family: str, size: str = "tiny", **overrides) -> ModelConfig:
     if size not in SIZES[family]:
         raise ValueError(f"unknown size {size!r} for family {family!r}; choose one of {sorted(SIZES[family])}")
     cfg = dataclasses.replace(SIZES[family][size])
+    if "num_layers" in overrides and "layer_types" not in overrides and len(set(cfg.layer_types)) == 1:
+        overrides["layer_types"] = None  # a uniform stack stays uniform at the new depth
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 

@@ -1,6 +1,7 @@
 """The embedded default task: multi-term addition with carries, written out step by step.
 
-Prompt ``7+8+9+6=``; response ``7+8=15;15+9=24;24+6=30;#30`` (defaults: 4 one-digit terms). Each partial sum depends on the
+Prompt ``7+8+9+6=``; response ``7+8=15;15+9=24;24+6=30;#30`` (defaults: four one-digit terms),
+or the same sums in another order of the terms (``shuffle``). Each partial sum depends on the
 previous one and each digit of a sum on the carries below it, so a block-diffusion model cannot
 commit the whole response in one step: the base model keeps genuine sequential dependency
 (TPF well below the block length), which is the room ORL needs to show a gain.
@@ -31,6 +32,7 @@ class ArithTask:
     digits: int = 1
     seed: int = 0
     n_test: int = 500
+    shuffle: bool = True          # worked solutions add the terms in a random order (see `solution`)
     name: str = "arith"
 
     def __post_init__(self) -> None:
@@ -78,10 +80,14 @@ class ArithTask:
         return out
 
     # ---------------------------------------------------------------- solution and verifier
-    @staticmethod
-    def solution(problem: Problem) -> str:
-        """The worked solution the SFT data teaches."""
-        ops = problem.meta["operands"]
+    def solution(self, problem: Problem) -> str:
+        """The worked solution the SFT data teaches. With ``shuffle`` the terms are added in an order
+        drawn per problem (deterministic in the problem id): many different worked solutions are
+        correct, as in real data, so a model trained on them is uncertain about the order until it
+        commits to one -- the ambiguity that limits how many tokens its decoder can commit at once."""
+        ops = list(problem.meta["operands"])
+        if self.shuffle:
+            random.Random(f"order:{problem.id}").shuffle(ops)
         lines, acc = [], ops[0]
         for x in ops[1:]:
             lines.append(f"{acc}+{x}={acc + x}")

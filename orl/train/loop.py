@@ -39,6 +39,7 @@ class ORLConfig:
     prompts_per_step: int = 8
     group_size: int = 8               # G rollouts per prompt
     lr: float = 1e-4
+    warmup: int = 5                   # linear LR warm-up steps (Adam's first steps are sign-like)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     states_per_response: int = 8      # selection budget                                          [G]
@@ -53,6 +54,7 @@ class ORLConfig:
     eval_n: int = 200
     eval_decode: DecodeConfig | None = None
     seed: int = 0
+    device: str = "cpu"               # "cuda" on a GPU machine (each rank uses its local GPU under torchrun)
     out: str = "runs/orl"
     save_every: int = 25
     log_every: int = 1
@@ -81,7 +83,11 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
     train_problems = hasattr(task, "sample")
     pool = None if train_problems else task.problems("train")
     tok = AutoTokenizer.from_pretrained(cfg.init)
-    model = load_pretrained(cfg.init)
+    device = cfg.device
+    if device == "cuda" and world > 1:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+        torch.cuda.set_device(device)
+    model = load_pretrained(cfg.init, device=device)
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.anchor == "frozen" else None
     behaviour = copy.deepcopy(model).eval().requires_grad_(False) if cfg.stale_every > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
@@ -102,6 +108,8 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
     bar = tqdm(total=cfg.steps, initial=step, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
     while step < cfg.steps:
         t0 = time.time()
+        for g_ in opt.param_groups:
+            g_["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
         if behaviour is not None and step % cfg.stale_every == 0:
             behaviour.load_state_dict(model.state_dict())
         policy = behaviour if behaviour is not None else model
@@ -122,7 +130,7 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         sels = [select_states(r, cfg.states_per_response, random.Random(f"{cfg.seed}:{step}:{r.problem_id}:{r.index}"))
                 for r in verified]
         sels = [s for s in sels if s.states]
-        n_local = torch.tensor([len(sels)], dtype=torch.float64)
+        n_local = torch.tensor([len(sels)], dtype=torch.float64, device=device if world > 1 else "cpu")
         if world > 1:
             dist.all_reduce(n_local)
         n_global = float(n_local.item())
@@ -133,7 +141,7 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         n_train_tok = 0
         if sels:
             batch = pack(sels, K, model.config.clean_attention, cfg.pack_mode, cfg.max_row_tokens,
-                         pad_id=tok.pad_token_id or 0)
+                         pad_id=tok.pad_token_id or 0).to(device)
             n_train_tok = int(batch.tokens.numel())
             fw = dict(residual=batch.residual, residual_where=batch.residual_where,
                       residual_weight=batch.residual_weight)

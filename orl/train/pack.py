@@ -48,6 +48,12 @@ class PackedBatch:
     ref_logp: torch.Tensor | None = None    # (S, K, k)
     ref_entropy: torch.Tensor | None = None  # (S, K)
 
+    def to(self, device) -> "PackedBatch":
+        """The same batch with every tensor on ``device``."""
+        import dataclasses  # noqa: PLC0415
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, T, V) logits -> (S, K, V) logits at the states' tokens."""
         K = self.targets.shape[1]

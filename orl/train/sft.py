@@ -54,6 +54,7 @@ class SFTConfig:
     grad_clip: float = 1.0
     weighting: str = "elbo"                           # "elbo" (SDAR: CE / p) or "flat" (mean CE)
     seed: int = 0
+    device: str = "cpu"
     out: str = "runs/sft"
     save_every: int = 500
     log_every: int = 20
@@ -135,7 +136,7 @@ def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None
         torch.set_num_threads(cfg.threads)
     tok = load_tokenizer(cfg.tokenizer)
     task = get_task(cfg.task, **cfg.task_kwargs)
-    model = build_for(cfg, tok)
+    model = build_for(cfg, tok).to(cfg.device)
     model.train()
     mc = model.config
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.stages[0].lr, weight_decay=cfg.weight_decay,
@@ -163,6 +164,10 @@ def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None
         batch = make_batch(pairs, K, noise=mc.noise, mask_id=mc.mask_token_id, vocab_size=mc.vocab_size,
                            pad_id=tok.pad_token_id or 0, clean_attention=mc.clean_attention, generator=gen)
         rows = torch.rand(len(pairs), generator=gen) < stage.selfcond
+        if cfg.device != "cpu":
+            batch = dataclasses.replace(batch, **{k: v.to(cfg.device) for k, v in vars(batch).items()
+                                                  if isinstance(v, torch.Tensor)})
+            rows = rows.to(cfg.device)
         loss, m = sft_step(model, batch, mc.noise, rows, cfg.weighting)
         opt.zero_grad(set_to_none=True)
         loss.backward()
