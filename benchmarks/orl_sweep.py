@@ -27,7 +27,6 @@ def _one(args) -> None:
     name, sets = args.run.split(":", 1)
     cfg = get_recipe(args.recipe, init=args.start, out=os.path.join(args.out, name))
     apply_overrides(cfg, [s for s in sets.split(",") if s])
-    cfg.eval_every = 0
     final = train_orl(cfg, resume=True, quiet=True)
     r = _eval(final, get_task(cfg.task, **cfg.task_kwargs), args.n_eval, cfg.eval_decode)
     with open(os.path.join(args.out, name, "eval.json"), "w") as f:

@@ -12,7 +12,7 @@ def arith_sft(out: str = "runs/arith-sft") -> SFTConfig:
         family="sdar", size="small", tokenizer="char", task="arith",
         task_kwargs=dict(terms=4, digits=1),
         stages=[SFTStage("diffusion", steps=600, lr=2e-3, selfcond=0.0, warmup=50),
-                SFTStage("selfcond", steps=600, lr=1e-3, selfcond=0.5, warmup=20)],
+                SFTStage("selfcond", steps=400, lr=1e-3, selfcond=0.5, warmup=20)],
         batch_size=64, weighting="flat", out=out, save_every=300)
 
 
