@@ -79,4 +79,4 @@ def test_residual_changes_decoding():
 def test_prompt_too_long_is_refused():
     model = _model("sdar")
     with pytest.raises(ValueError, match="exceeds the model context"):
-        decode(model, torch.zeros(1, 4090, dtype=torch.long), DecodeConfig(block_size=8, max_new_tokens=64))
+        decode(model, torch.zeros(1, 500, dtype=torch.long), DecodeConfig(block_size=8, max_new_tokens=64))

@@ -181,7 +181,7 @@ DGEMMA_OPTIONS = dict(
 
 def _tiny(family: str, **kw) -> ModelConfig:
     base = dict(family=family, vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                head_dim=16, intermediate_size=128, max_position=4096, block_size=8, mask_token_id=3,
+                head_dim=16, intermediate_size=128, max_position=512, block_size=8, mask_token_id=3,
                 rope_theta=10_000.0, pathway="mlp", pathway_intermediate=64)
     base.update(kw)
     return ModelConfig(**base)
