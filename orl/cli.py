@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"orl: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if not os.environ.get("ORL_DEBUG"):  # our config.json has model_type "orl", which transformers warns about
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415
+        hf_logging.set_verbosity_error()
     threads = os.environ.get("ORL_THREADS")
     if threads:
         import torch  # noqa: PLC0415
