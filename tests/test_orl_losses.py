@@ -78,3 +78,17 @@ def test_full_objective_combines_weights():
     assert loss.item() == pytest.approx((lp + 2.0 * la + 0.5 * lk).item(), rel=1e-5)
     loss.backward()
     assert logits.grad.abs().sum() > 0 and "entropy_contraction" in m
+
+
+def test_supervise_committed_only_counts_what_the_rollout_committed():
+    V = 4
+    logits = torch.zeros(1, 3, V)
+    targets = torch.tensor([[1, 2, 3]])
+    unres = torch.ones(1, 3, dtype=torch.bool)
+    committed = torch.tensor([[False, True, False]])
+    cfg = LossConfig(supervise="committed", gate="none", lambda_aec=0.0, anchor="none")
+    loss, _ = orl_loss(logits, targets, unres, torch.tensor([0]), torch.zeros(0, 2, dtype=torch.long), 1, cfg,
+                       committed=committed)
+    assert loss.item() == pytest.approx(math.log(V), rel=1e-6)  # one supervised token, uniform -> log V
+    with pytest.raises(ValueError, match="commits"):
+        orl_loss(logits, targets, unres, torch.tensor([0]), torch.zeros(0, 2, dtype=torch.long), 1, cfg)

@@ -152,7 +152,7 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
                     ref = batch.gather(frozen(batch.tokens, batch.positions, batch.mask, **fw))
             loss, m = orl_loss(logits, batch.targets, batch.unresolved, batch.resp, batch.pairs,
                                batch.n_responses, cfg.loss, ref_logits=ref, ref_ids=batch.ref_ids,
-                               ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy)
+                               ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy, committed=batch.committed)
             (loss * len(sels) / max(n_global, 1.0)).backward()
         if world > 1:
             for p in model.parameters():

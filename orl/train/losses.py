@@ -28,6 +28,8 @@ import torch.nn.functional as F
 
 @dataclass
 class LossConfig:
+    supervise: str = "unresolved"  # CE on every unresolved position, or "committed": only on what the
+                                   # rollout committed at that step (TraceRL-style slicing)        [G]
     gate: str = "hard"          # "hard" | "soft" | "none"                                     [G]
     gate_tau: float = 0.02      # normalised-entropy threshold of the hard gate                  [G]
     rho: float = 0.25           # AEC contraction target per step                               [S illustrative]
@@ -100,11 +102,16 @@ def anchor_loss(kl: torch.Tensor, q_entropy: torch.Tensor, unresolved, resp, R: 
 
 
 def orl_loss(logits, targets, unresolved, resp, pairs, R: int, cfg: LossConfig, *, ref_logits=None,
-             ref_ids=None, ref_logp=None, ref_entropy=None):
+             ref_ids=None, ref_logp=None, ref_entropy=None, committed=None):
     """The full objective. logits (S, K, V) of the replayed states; targets (S, K) verified tokens;
     unresolved (S, K); resp (S,) response index in [0, R); pairs (N, 2). Anchor inputs: ref_logits
     (S, K, V) of the frozen model, or ref_ids/ref_logp (S, K, k) + ref_entropy (S, K) of the rollout."""
-    lp, ce, h_det = pred_loss(logits, targets, unresolved, resp, R, cfg.gate, cfg.gate_tau)
+    if cfg.supervise not in ("unresolved", "committed"):
+        raise ValueError(f"unknown supervise {cfg.supervise!r}; use 'unresolved' or 'committed'")
+    if cfg.supervise == "committed" and committed is None:
+        raise ValueError("supervise='committed' needs the rollout's per-step commits")
+    sup = unresolved if cfg.supervise == "unresolved" else committed & unresolved
+    lp, ce, h_det = pred_loss(logits, targets, sup, resp, R, cfg.gate, cfg.gate_tau)
     h = entropy_norm(logits)
     la, hbar = aec_loss(h, unresolved, pairs, resp, R, cfg.rho)
     lk = logits.sum() * 0.0

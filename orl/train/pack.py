@@ -47,6 +47,7 @@ class PackedBatch:
     ref_ids: torch.Tensor | None = None     # (S, K, k)
     ref_logp: torch.Tensor | None = None    # (S, K, k)
     ref_entropy: torch.Tensor | None = None  # (S, K)
+    committed: torch.Tensor | None = None    # (S, K) bool what the rollout committed at each state
 
     def to(self, device) -> "PackedBatch":
         """The same batch with every tensor on ``device``."""
@@ -141,6 +142,7 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
     weight = torch.zeros(B, T)
     any_weight = any_where = False
     st_row, st_start, targets, unres, resp, ref_ids, ref_logp, ref_h = [], [], [], [], [], [], [], []
+    commits = []
     pairs, sid = [], 0
     for b, row in enumerate(rows):
         lay_all, col = None, 0
@@ -165,6 +167,7 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
                 st_start.append(c)
                 targets.append(torch.tensor(sel.rollout.response[s.block * K:(s.block + 1) * K]))
                 unres.append(s.unresolved)
+                commits.append(s.committed if s.committed is not None else torch.zeros_like(s.unresolved))
                 resp.append(ri)
                 ref_h.append(s.entropy)
                 if s.ref_ids is not None:
@@ -191,4 +194,4 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
         torch.tensor(st_row), torch.tensor(st_start), torch.stack(targets), torch.stack(unres), torch.tensor(resp),
         torch.tensor(pairs, dtype=torch.long).view(-1, 2), len(selections),
         torch.stack(ref_ids) if len(ref_ids) == sid and sid else None,
-        torch.stack(ref_logp) if len(ref_logp) == sid and sid else None, torch.stack(ref_h))
+        torch.stack(ref_logp) if len(ref_logp) == sid and sid else None, torch.stack(ref_h), torch.stack(commits))

@@ -33,6 +33,7 @@ class State:
     entropy: torch.Tensor           # (K,) normalised entropy of the rollout policy at this state
     ref_ids: torch.Tensor | None = None    # (K, k) top-k token ids of the rollout policy
     ref_logp: torch.Tensor | None = None   # (K, k) their log-probabilities
+    committed: torch.Tensor | None = None  # (K,) bool positions the rollout committed at this step
 
 
 @dataclass
@@ -78,7 +79,7 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
                 None if rec.residual is None else rec.residual[r].clone(),
                 None if rec.residual_where is None else rec.residual_where[r].clone(),
                 None if rec.residual_weight is None else rec.residual_weight[r].clone(),
-                rec.entropy[r].clone(), ids, logp))
+                rec.entropy[r].clone(), ids, logp, rec.committed[r].clone()))
         resp = list(out.block_tokens[r])
         rolls.append(Rollout(problem.id, prompt, resp, len(out.tokens[r]), text, float(task.verify(problem, text)),
                              list(out.steps_per_block[r]), states, r))
