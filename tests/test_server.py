@@ -276,7 +276,7 @@ def test_non_streaming_client_gone_while_queued_is_dropped(llm, server):
         hold.start()
         _until(lambda: sched.running is not None)
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(server.url + "/v1/completions", json={**OK, "user": "impatient"}, timeout=0.5)
+            httpx.post(server.url + "/v1/completions", json={**OK, "user": "impatient"}, timeout=1.5)
         _until(lambda: sched.counts["dropped"] == dropped + 1)
     finally:
         gate.open()
