@@ -1,33 +1,15 @@
 """The `LLM` API on tiny random models: generate == stream, stop strings, cancellation, length
 errors, chat templates, and the incremental-text rules (EOS / budget cut, stop-prefix hold-back)."""
 import pytest
-import torch
 
 from orl import LLM
 from orl.engine.llm import ContextLengthError, _IncrementalText
 from orl.tokenizer import build_char_tokenizer
 
 
-def _speaking(llm: LLM) -> LLM:
-    """A random tiny model's greedy argmax is the mask token itself (tied embeddings: a mask input
-    predicts a mask), which decodes to ''. Zeroing that row makes greedy text non-empty."""
-    with torch.no_grad():
-        llm.model.model.embed_tokens.weight[llm.tokenizer.mask_token_id] = 0
-    return llm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # two OpenMP threads on a shared 2-core machine stall each other; one is faster for tiny models
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
-def llm():
-    return _speaking(LLM("sdar/tiny"))
+def llm(make_speaking_llm):
+    return make_speaking_llm()
 
 
 def test_generate_equals_stream_greedy(llm):

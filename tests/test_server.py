@@ -9,10 +9,8 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 import uvicorn
 
-from orl import LLM
 from orl.engine.server import create_app
 
 MODEL = "sdar/tiny"
@@ -48,25 +46,9 @@ def _until(cond, timeout=10.0):
         time.sleep(0.01)
 
 
-def _tiny_llm() -> LLM:
-    llm = LLM(MODEL)
-    with torch.no_grad():  # random tiny models predict the mask token under greedy: see test_llm._speaking
-        llm.model.model.embed_tokens.weight[llm.tokenizer.mask_token_id] = 0
-    return llm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # two OpenMP threads on a shared 2-core machine stall each other; one is faster for tiny models
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
-def llm():
-    return _tiny_llm()
+def llm(make_speaking_llm):
+    return make_speaking_llm(MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +207,8 @@ def test_concurrent_clients_served_fifo(llm, server, client):
     assert [t for t in sched.starts if t in tags] == arrived and sorted(arrived) == tags
 
 
-def test_full_queue_answers_429():
-    llm = _tiny_llm()
+def test_full_queue_answers_429(make_speaking_llm):
+    llm = make_speaking_llm(MODEL)
     with ServerThread(create_app(llm, MODEL, queue_size=1, warmup=False)) as s:
         sched, gate, codes = s.app.state.scheduler, Gate(llm), []
         t1 = threading.Thread(target=lambda: codes.append(_post(s.url + "/v1/completions", OK).status_code))
