@@ -25,7 +25,6 @@ def main() -> None:
     ap.add_argument("--n-eval", type=int, default=500)
     ap.add_argument("--set-orl", action="append", default=[])
     a = ap.parse_args()
-    from orl.demo import _eval
     from orl.model.convert import make_orl_start
     from orl.recipes import apply_overrides
     from orl.tasks.registry import get_task
