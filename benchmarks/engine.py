@@ -16,6 +16,11 @@ Measures, in order:
      (block wall time - GPU time of its rounds) / rounds; whole-block latency for fixed rounds
      (threshold 1.0 never fires, so the top-quota fallback commits K/steps tokens per round);
   4. where one round's GPU time goes (profiler, eager round, kernels grouped by kind).
+``--families sdar,llada`` adds the LLaDA-2.1-mini MoE shape (`benchmarks/engine_llada.py`: its
+correctness on llada/tiny, then the same table with a floor counting only the experts a round
+touches); the default ``--families sdar`` is the run above. ``--families dgemma`` runs the
+DiffusionGemma 26B-A4B shape (`benchmarks/engine_dgemma.py`: correctness on dgemma/tiny, then our
+runtime against its floor and transformers' own DiffusionGemma generate on the same weights).
 Prints markdown tables and writes them to DIR/engine_results.md (and a JSON log).
 """
 from __future__ import annotations
@@ -143,30 +148,33 @@ def correctness(modes: list[str]) -> None:
 
 
 # ------------------------------------------------------------------------------- 3. speed
-def reference_round(model, prompt, K, steps) -> tuple[float, int]:
+def reference_round(model, prompt, K, steps, blocks: int = 4, **rule) -> tuple[float, int]:
     """Per-forward seconds of orl.decode.decode: the host time between two consecutive blocks'
-    commits (``on_block``, synchronised) over that block's forwards (rounds + commit pass)."""
-    cfg = DecodeConfig(block_size=K, max_new_tokens=4 * K, threshold=1.0, steps=steps)
+    commits (``on_block``, synchronised) over that block's forwards (rounds + commit pass).
+    ``rule``: DecodeConfig fields replacing the default threshold rule (e.g. the LLaDA rule)."""
+    cfg = DecodeConfig(**{**dict(block_size=K, max_new_tokens=blocks * K, threshold=1.0, steps=steps), **rule})
     stamps: list[float] = []
 
     def mark(b, toks):
         torch.cuda.synchronize()
         stamps.append(time.perf_counter())
 
-    decode(model, prompt, DecodeConfig(block_size=K, max_new_tokens=K, threshold=1.0, steps=steps))  # warm-up
+    decode(model, prompt, DecodeConfig(**{**dict(block_size=K, max_new_tokens=K, threshold=1.0, steps=steps),
+                                          **rule}))  # warm-up
     out = decode(model, prompt, cfg, on_block=mark)
     rounds = out.steps_per_block[0][1]
     per_block = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
     return per_block / (rounds + 1), rounds
 
 
-def ours(model, prompt, K, steps, mode, compile_layers) -> dict:
+def ours(model, prompt, K, steps, mode, compile_layers, kernels: str = "torch", **rule) -> dict:
     """Our runtime at a fixed context: prefill once, then every timed block starts from the same
-    committed length with a pending previous block (the steady state of fold_commit)."""
+    committed length with a pending previous block (the steady state of fold_commit). ``rule``:
+    DecodeConfig fields replacing the default threshold rule (e.g. the LLaDA rule)."""
     P = prompt.shape[1]
     t0 = time.perf_counter()
-    rt = Runtime(model, K, mode=mode, max_len=P + 4 * K, compile=compile_layers)
-    cfg = DecodeConfig(block_size=K, max_new_tokens=K, threshold=1.0, steps=steps)
+    rt = Runtime(model, K, mode=mode, max_len=P + 4 * K, compile=compile_layers, kernels=kernels)
+    cfg = DecodeConfig(**{**dict(block_size=K, max_new_tokens=K, threshold=1.0, steps=steps), **rule})
     rt.set_request(cfg)
     rt.prefill(prompt)
     rt.generate_block()
@@ -265,7 +273,8 @@ def profile_round(rt, P, K) -> list[list]:
         if e.device_type.name != "CUDA":
             continue
         n = e.name.lower()
-        kind = ("attention" if any(s in n for s in ("fmha", "attention", "flash")) else
+        kind = ("MoE grouped experts (orl triton)" if n.startswith("orl_moe") else
+                "attention" if any(s in n for s in ("fmha", "attention", "flash")) else
                 "gemm" if any(s in n for s in ("gemm", "cutlass", "sm90", "nvjet", "xmma")) else
                 "inductor-fused (triton)" if n.startswith("triton") else
                 "softmax/argmax/sort/reduce" if any(s in n for s in ("softmax", "argmax", "sort", "reduce")) else
@@ -276,7 +285,7 @@ def profile_round(rt, P, K) -> list[list]:
     return [[k, v[0], f"{v[1]:.3f}"] for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][1])]
 
 
-def speed(bw: float, skip_hf: bool) -> None:
+def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
     torch._dynamo.reset()
     cfg = get_config("sdar", "qwen3-4b")
     P = 512
@@ -285,6 +294,9 @@ def speed(bw: float, skip_hf: bool) -> None:
     prompt = torch.randint(0, cfg.vocab_size, (1, P), generator=torch.Generator().manual_seed(0)).cuda()
     rows, profs, notes = [], {}, []
     variants = [("while", True), ("graph", True), ("while", False), ("eager", False)]
+    if kernels != "torch":  # the Triton forward (orl.engine.kernels): nothing to compile
+        triton_rows = [("while", False, "triton"), ("graph", False, "triton")]
+        variants = triton_rows if kernels == "triton" else variants[:1] + triton_rows + variants[1:]
     for K, steps_list in ((32, (32, 8)), (256, (16,))):
         probe = Runtime(model, K, mode="eager", max_len=P + 4 * K)
         wbytes = probe.w.weight_bytes()
@@ -303,16 +315,18 @@ def speed(bw: float, skip_hf: bool) -> None:
             rows.append([K, "(a) reference decoder, eager", ref_rounds, f"{ref_t * 1e3:.2f}", f"{ref_t / floor:.2f}",
                          f"{wbytes / ref_t / 1e9:.0f}", f"{ref_t * (ref_rounds + 1) * 1e3:.1f}", "-"])
             say("  " + " | ".join(str(x) for x in rows[-1]))
-            for mode, comp in variants:
+            for mode, comp, *kern in variants:
+                kern = kern[0] if kern else "torch"
                 if mode == "while" and "while" not in MODES:
                     continue
                 try:
-                    r = ours(model, prompt, K, steps, mode, comp)
+                    r = ours(model, prompt, K, steps, mode, comp, kernels=kern)
                 except Exception as exc:  # noqa: BLE001 - report and go on
-                    say(f"  {mode}{' + compile' if comp else ''} failed: {type(exc).__name__}: {exc}")
+                    say(f"  {mode}{' + compile' if comp else ''} ({kern}) failed: {type(exc).__name__}: {exc}")
                     continue
                 n = r["rounds"]
-                name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "")
+                name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "") + \
+                    (" + Triton kernels" if kern != "torch" else "")
                 per_round = r.get("round_gpu", r["block_wall"] / n)
                 over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
                     (r["block_wall"] / n - per_round if mode == "graph" else None)
@@ -367,7 +381,18 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     ap.add_argument("--no-correctness", action="store_true")
+    ap.add_argument("--families", default="sdar",
+                    help="comma-separated: sdar (Qwen3-4B shape, the default), llada (LLaDA-2.1-mini MoE shape), "
+                         "dgemma (DiffusionGemma 26B-A4B shape, 256-token canvas)")
+    ap.add_argument("--no-ref", action="store_true", help="skip the reference decoder in the llada section")
+    ap.add_argument("--kernels", choices=["torch", "triton", "both"], default="torch",
+                    help="speed section: the PyTorch forward (default), the Triton kernels "
+                         "(orl.engine.kernels) only, or both")
     args = ap.parse_args()
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    bad = sorted(set(families) - {"sdar", "llada", "dgemma"})
+    if bad:
+        ap.error(f"unknown families {bad}; choose from sdar, llada, dgemma")
     OUT_DIR[0] = args.out
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -375,14 +400,24 @@ def main() -> None:
     MODES.extend(["while", "graph"] if ok else ["graph"])
     name = torch.cuda.get_device_name()
     say(f"# Engine benchmark\n\n{datetime.date.today().isoformat()} · {name} · torch {torch.__version__} · "
-        f"CUDA {torch.version.cuda} · command: `python benchmarks/engine.py`"
+        f"CUDA {torch.version.cuda} · command: `python benchmarks/engine.py"
+        + ("" if families == ["sdar"] else f" --families {args.families}") + "`"
         + ("" if ok else f" · device WHILE loop unavailable: {why}") + "\n")
     bw, tf = ceilings()
     LOG["copy_bw"], LOG["bf16_tflops"] = bw, tf
     say(f"Copy bandwidth (read + write): {bw / 1e12:.2f} TB/s · bf16 matmul 8192^3: {tf / 1e12:.0f} TFLOP/s\n")
-    if not args.no_correctness:
-        correctness(MODES)
-    speed(bw, args.no_hf)
+    if "sdar" in families:
+        if not args.no_correctness:
+            correctness(MODES)
+        speed(bw, args.no_hf, args.kernels)
+    if "llada" in families:
+        import engine_llada  # noqa: PLC0415 - benchmarks/ is on sys.path when run as a script
+        if not args.no_correctness:
+            engine_llada.correctness(sys.modules[__name__], MODES)
+        engine_llada.speed(sys.modules[__name__], bw, MODES, args.no_ref)
+    if "dgemma" in families:
+        import engine_dgemma  # noqa: PLC0415 - benchmarks/ is on sys.path when run as a script
+        engine_dgemma.run(sys.modules[__name__], bw, args.no_hf, MODES, correct=not args.no_correctness)
     with open(os.path.join(args.out, "engine_log.json"), "w") as f:
         json.dump(LOG, f, indent=1, default=str)
 

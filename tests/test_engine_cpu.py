@@ -127,9 +127,6 @@ def test_refusals():
         rt.decode(torch.tensor([[5, 6]]), DecodeConfig(block_size=K, max_new_tokens=8 * K))
     with pytest.raises(ValueError, match="CUDA"):
         Runtime(model, K, mode="while")
-    moe = build_model(get_config("llada", "tiny"), seed=0)
-    with pytest.raises(NotImplementedError, match="mixture of experts"):
-        Runtime(moe, 8, mode="eager")
 
 
 @pytest.mark.parametrize("pathway", ["mlp", "none"])

@@ -86,3 +86,103 @@ def test_bf16_rounds_equal_reference_up_to_ties(name, comp):
     p = teacher_forced(rt, model, _prompt(), cfg)
     assert p.ok(), p.unexplained
     assert p.max_rel_logit_err < 3e-2
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_dgemma_tiny_equals_reference(fold):
+    """DiffusionGemma (dgemma/tiny, float32): every mode decodes the reference decoder's tokens in its
+    rounds when both draw from the runtime's counter RNG (`orl.engine.dgemma_sampler`), and the
+    graph modes equal eager bit for bit (canvases, rounds, cache)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_engine_dgemma import _cfg, _model as dg_model, _reference  # noqa: PLC0415
+    model = dg_model().cuda()
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(7)).cuda()
+    for kw in (dict(steps=6, max_new_tokens=48), dict(steps=12, t_min=0.01, t_max=0.02, max_new_tokens=48),
+               dict(steps=5, temperature=0.0, stability_threshold=0)):
+        cfg = _cfg(**kw)
+        ref = _reference(model, prompt, cfg, seed=11)
+        runs = {}
+        for mode in ["eager"] + _modes():
+            rt = Runtime(model, 16, mode=mode, max_len=160, fold_commit=fold, bucket=32)
+            out = rt.decode(prompt, cfg, seed=11)
+            assert rt.decode(prompt, cfg, seed=11).block_tokens == out.block_tokens, (mode, kw)  # graphs replayed
+            assert out.block_tokens == ref.block_tokens, (mode, kw)
+            assert out.steps_per_block == ref.steps_per_block, (mode, kw)
+            rt.flush()
+            runs[mode] = rt
+        for mode, rt in runs.items():
+            for i in range(model.config.num_layers):
+                assert torch.equal(rt.kv.k[i][:, :, :rt.length], runs["eager"].kv.k[i][:, :, :rt.length]), (mode, i)
+
+
+def _moe_helpers():
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    sys.path.insert(0, os.path.dirname(__file__))
+    import test_engine_moe  # noqa: PLC0415
+    return test_engine_moe
+
+
+_MINI_EXPERTS = dict(hidden_size=2048, moe_intermediate_size=512, num_experts_per_tok=8)  # LLaDA-2.1-mini
+
+
+@pytest.mark.parametrize("dtype,kw,T", [(torch.float32, {}, 7), (torch.float32, {}, 70),
+                                        (torch.float32, dict(_MINI_EXPERTS, num_experts=16), 32),
+                                        (torch.bfloat16, dict(_MINI_EXPERTS, num_experts=256), 64)])
+def test_moe_triton_matches_model_on_cuda(dtype, kw, T):
+    """The grouped Triton kernels on the GPU == orl.model.layers.MoE.forward (fp32 tight; the
+    LLaDA-2.1-mini expert shape in bf16 within rounding)."""
+    from orl.engine.moe import bake_moe, moe_mlp  # noqa: PLC0415
+    from orl.model.layers import MoE  # noqa: PLC0415
+    cfg = get_config("llada", "tiny", **kw)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = MoE(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.3 if not kw else 0.02)
+    m = m.to(dtype)
+    mw = bake_moe(m, lambda t: None if t is None else t.detach().contiguous())
+    x = torch.randn(1, T, cfg.hidden_size, device="cuda").to(dtype)
+    with torch.no_grad():
+        ref, got = m(x), moe_mlp(x, mw, cfg, backend="triton")
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("comp", [False, True])
+def test_llada_tiny_float32_equals_reference(comp):
+    """LLaDA family (MoE layers, Triton grouped kernels, threshold + editing rule) in float32 on
+    CUDA: every mode gives the reference decoder's tokens and rounds."""
+    from orl.engine.moe import triton_available  # noqa: PLC0415
+    h = _moe_helpers()
+    model = h._llada().cuda()
+    K = model.config.block_size
+    for thr, ethr in ((0.5, 0.3), (1.0, 0.3), (0.95, 0.9)):
+        cfg = DecodeConfig(rule="llada", block_size=K, max_new_tokens=3 * K - 1, threshold=thr, edit_threshold=ethr)
+        for mode in ["eager"] + _modes():
+            rt = Runtime(model, K, mode=mode, max_len=128, bucket=32, compile=comp)
+            assert rt.w.moe_backend == ("triton" if triton_available() else "torch")
+            c = compare_decode(rt, model, _prompt(), cfg)
+            assert c["equal"], (mode, thr, ethr, c["first_diff"], c["ref"].steps_per_block, c["ours"].steps_per_block)
+
+
+def test_llada_tiny_graphs_equal_eager_bitwise():
+    h = _moe_helpers()
+    model = h._llada().cuda().to(torch.bfloat16)
+    K = model.config.block_size
+    cfg = DecodeConfig(rule="llada", block_size=K, max_new_tokens=3 * K, threshold=0.5, edit_threshold=0.3)
+    runs = {}
+    for mode in ["eager"] + _modes():
+        rt = Runtime(model, K, mode=mode, max_len=128, bucket=32, compile=False)
+        out = rt.decode(_prompt(), cfg)
+        assert rt.decode(_prompt(), cfg).tokens == out.tokens, mode  # graphs replayed
+        rt.flush()
+        runs[mode] = (out, rt)
+    e_out, e_rt = runs["eager"]
+    for mode, (out, rt) in runs.items():
+        assert out.tokens == e_out.tokens and out.steps_per_block == e_out.steps_per_block, mode
+        for i in range(model.config.num_layers):
+            assert torch.equal(rt.kv.k[i][:, :, :rt.length], e_rt.kv.k[i][:, :, :rt.length]), (mode, i)

@@ -1,13 +1,16 @@
 """Single-request runtime: static buffers, one block per launch, the denoising loop on the GPU.
 
 Owns the fast twin of `orl.decode.decode` for the SDAR rules ("threshold": dynamic threshold with
-top-quota fallback, and "topk"), greedy, batch 1, with or without the residual pathway:
+top-quota fallback, and "topk") and LLaDA-2.1's "llada" (mask->token threshold with a one-token
+fallback, token->token editing of committed positions, editing-only post steps after the last
+mask), greedy, batch 1, with or without the residual pathway, dense or mixture-of-experts layers:
 
   prefill (eager)  ->  per block:  start  ->  round*  ->  end  ->  host reads K tokens + steps
     start  fresh canvas of mask tokens, first round (with ``fold_commit``: the previous block's
            commit pass is folded into it, one forward over [previous block | canvas])
     round  forward over the canvas attending cache + canvas -> logits -> confidence -> commit
-           (threshold / top-quota) -> residual z for the next round -> device flag "go on?"
+           (threshold / top-quota; llada: + edits) -> residual z for the next round -> device
+           flag "go on?"
     end    the commit pass (without ``fold_commit``) and the output copy
 Every piece reads and writes only static device buffers (canvas, unresolved set, z, step, cache
 length, the per-request threshold and quota schedule), so the same Python functions run three
@@ -55,6 +58,12 @@ class EngineConfig:
     compile: bool | None = None   # torch.compile each layer (no CUDA-graph trees) before capture;
                                   # None: on CUDA (about 2x faster rounds, ~10 s of compilation per
                                   # canvas length on first use), not on CPU
+    moe_backend: str = "auto"     # MoE layers (orl.engine.moe): "triton" grouped kernels, "torch"
+                                  # twin; "auto": Triton on CUDA when importable
+    kernels: str = "torch"        # "torch": the forward above; "triton": `orl.engine.kernels` (dense
+                                  # layers; fewer, fused kernels; numerics within rounding, not bitwise)
+    tp: bool = False              # tensor parallel over the torch.distributed group (torchrun; orl.engine.tp):
+                                  # every rank runs the same loop on its shard; no compile by default
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -63,13 +72,22 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {self.dtype!r}")
         if self.bucket < 1 or self.max_len < 1:
             raise ValueError("bucket and max_len must be positive")
+        if self.kernels not in ("torch", "triton"):
+            raise ValueError(f"kernels must be 'torch' or 'triton', got {self.kernels!r}")
 
 
 class Runtime:
     """Runtime(model, block_size) -> ``decode(prompt_ids, DecodeConfig)`` -> `DecodeOutput`.
 
     Lower level: ``prefill(prompt_ids)``, then ``generate_block()`` per block (returns the K tokens
-    and the rounds used), ``flush()`` to commit a pending block."""
+    and the rounds used), ``flush()`` to commit a pending block. A DiffusionGemma model
+    (``config.noise == "uniform"``) gets an `orl.engine.dgemma.DGemmaRuntime`."""
+
+    def __new__(cls, model, *args, **kwargs):
+        if cls is Runtime and model.config.noise == "uniform":
+            from .dgemma import DGemmaRuntime  # noqa: PLC0415 - a subclass of this one
+            cls = DGemmaRuntime
+        return super().__new__(cls)
 
     def __init__(self, model, block_size: int | None = None, config: EngineConfig | None = None, **overrides):
         self.config = dataclasses.replace(config or EngineConfig(), **overrides)
@@ -77,12 +95,18 @@ class Runtime:
         self.mcfg = mcfg = model.config
         self.K = K = block_size or mcfg.block_size
         dtype = DTYPES[ec.dtype] if ec.dtype else None
-        self.w = F_.bake(model, dtype, ec.max_len)
+        self.w = F_.bake(model, dtype, ec.max_len, ec.moe_backend)
+        if ec.tp:
+            from .tp import shard  # noqa: PLC0415
+            self.w = shard(self.w)
         self.device = dev = self.w.embed.device
-        self.kv = F_.StaticKV(mcfg, ec.max_len, self.w.dtype, dev)
+        self.kv = F_.StaticKV(self.w.cfg, ec.max_len, self.w.dtype, dev)  # local KV heads under tp
         self.mode = self._pick_mode(ec.mode)
-        self._layer = F_.layer
-        if ec.compile or (ec.compile is None and dev.type == "cuda"):
+        self._layer, self._kernels = F_.layer, None
+        if ec.kernels == "triton":  # the whole layer stack runs as Triton kernels: nothing to compile
+            from .kernels import TritonKernels  # noqa: PLC0415 - optional dependency
+            self._kernels = TritonKernels(self.w)
+        elif ec.compile or (ec.compile is None and dev.type == "cuda" and not ec.tp):
             self._layer = torch.compile(F_.layer, dynamic=False)  # T static: one kernel set per T
         D = mcfg.hidden_size
         z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
@@ -93,10 +117,12 @@ class Runtime:
         self.z, self.where = z(1, K, D, dt=self.w.dtype), z(1, K, dt=torch.bool)
         self.weight = z(1, K, dt=torch.float32)  # rcd interpolation weight
         self.step, self.flag = z(1), z(1, dt=torch.bool)
+        self.active, self.post = z(1, dt=torch.bool), z(1)  # llada: block still denoising; post steps taken
         self.out = z(K + 1)                      # block tokens, then the rounds used
         # ---- per-request numbers, on the device so graphs never bake them ----
         self.threshold = z(1, dt=torch.float32)
         self.quota_base, self.quota_rem, self.max_steps, self.mask_id = z(1), z(1), z(1), z(1)
+        self.edit_threshold, self.post_cap = z(1, dt=torch.float32), z(1)  # llada editing
         # visibility limits (see orl.engine.forward): canvas rows see the canvas; committed block
         # rows see their block ("block") or the slots up to themselves ("causal")
         blk = torch.full((K,), K) if mcfg.clean_attention == "block" else torch.arange(1, K + 1)
@@ -126,9 +152,9 @@ class Runtime:
 
     def set_request(self, cfg: DecodeConfig, mask_id: int | None = None) -> None:
         """Copy one request's decoding numbers into the device buffers (no recapture needed)."""
-        if cfg.rule not in ("threshold", "topk"):
-            raise NotImplementedError(f"the engine runs the SDAR rules 'threshold' and 'topk', not {cfg.rule!r}; "
-                                      "use orl.decode.decode for the others")
+        if cfg.rule not in ("threshold", "topk", "llada"):
+            raise NotImplementedError(f"the engine runs the SDAR rules 'threshold' and 'topk' and LLaDA's 'llada', "
+                                      f"not {cfg.rule!r}; use orl.decode.decode for the others")
         if cfg.temperature != 0:
             raise NotImplementedError("the engine decodes greedily (temperature 0); sampling needs a counter-based "
                                       "RNG inside the graph (shared/docs/engine-notes.md 4.4) and is not built yet")
@@ -136,8 +162,11 @@ class Runtime:
             raise ValueError(f"DecodeConfig.block_size {cfg.block_size} != the runtime's block size {self.K}")
         mask_id = self.mcfg.mask_token_id if mask_id is None else mask_id
         base, rem = divmod(self.K, cfg.max_steps)
+        post = cfg.max_post_steps if cfg.rule == "llada" else 0
+        # max_steps holds the cap on rounds per block: llada adds its editing-only post steps
         for buf, v in ((self.threshold, cfg.threshold), (self.quota_base, base), (self.quota_rem, rem),
-                       (self.max_steps, cfg.max_steps), (self.mask_id, mask_id)):
+                       (self.max_steps, cfg.max_steps + post), (self.mask_id, mask_id),
+                       (self.edit_threshold, cfg.edit_threshold), (self.post_cap, post)):
             buf.fill_(v)
         use_res = cfg.residual and self.mcfg.pathway != "none"
         self._key_extra = (cfg.rule, use_res, cfg.residual_temperature if use_res else 1.0)
@@ -146,16 +175,50 @@ class Runtime:
     # These run eagerly or are captured; they touch only static buffers (STYLE.md 10).
     def _embed_forward(self, tokens, lim, S, residual=None, where=None, weight=None, logits_from=0):
         h = F_.embed(self.w, tokens, residual, where, weight)
-        return F_.forward(self.w, h, self.cache_len, lim, self.kv, S, logits_from, self._layer)
+        return F_.forward(self.w, h, self.cache_len, lim, self.kv, S, logits_from, self._layer,
+                          kernels=self._kernels)
 
     def _decide(self, logits: torch.Tensor) -> None:
         """One round's decision from logits (1, K, V): commit tokens, feed the residual, set the flag.
-        The same operations as `orl.decode.block.decode` for the threshold/topk rules."""
+        The same operations as `orl.decode.block.decode` for the threshold/topk/llada rules."""
         rule, use_res, rtemp = self._key_extra
         lf = logits.float()
         probs = torch.softmax(lf, dim=-1)
         tok = probs.argmax(-1)
         conf = probs.gather(-1, tok[..., None]).squeeze(-1)
+        if rule == "llada":
+            self._decide_llada(probs, tok, conf)
+        else:
+            self._decide_sdar(rule, tok, conf)
+        if use_res:
+            pr = probs if rtemp == 1.0 else torch.softmax(lf / rtemp, -1)
+            self.z.copy_(F_.soft_embed(self.w, pr))
+            if self.mcfg.pathway_where == "canvas":
+                self.where.fill_(True)
+            else:
+                self.where.copy_(self.unresolved)
+            if self.mcfg.pathway == "rcd":
+                self.weight.copy_(Smp.normalized_entropy(pr))
+        go = self.active if rule == "llada" else self.unresolved.any(-1)
+        torch.logical_and(go, self.step < self.max_steps, out=self.flag)
+
+    def _decide_llada(self, probs, tok, conf) -> None:
+        """LLaDA-2.1 (`orl.decode.block.decode`, rule "llada"): commit masks above the threshold
+        (else the single best), edit committed tokens whose argmax differs with probability above
+        the edit threshold; after the last mask, editing-only post steps until a round edits
+        nothing or ``max_post_steps`` of them ran."""
+        act = self.active[:, None]
+        had_masks = self.unresolved.any(-1)
+        take = Smp.llada_transfer(conf, self.unresolved, self.threshold) & act
+        edits, arg = Smp.llada_edits(probs, self.canvas, ~self.unresolved & act, self.edit_threshold)
+        self.canvas.copy_(torch.where(take, tok, torch.where(edits, arg, self.canvas)))
+        self.unresolved.logical_and_(~take)
+        self.post.add_((~had_masks & self.active).long())
+        finished = ~had_masks & (~edits.any(-1) | (self.post >= self.post_cap))
+        self.step.add_(self.active.long())
+        self.active.logical_and_(~finished)
+
+    def _decide_sdar(self, rule, tok, conf) -> None:
         quota = (self.quota_base + (self.step < self.quota_rem).long()).clamp_min(1)  # step_quota on device
         if rule == "threshold":
             take = Smp.select_threshold(conf, self.unresolved, self.threshold, quota)
@@ -166,16 +229,6 @@ class Runtime:
         self.canvas.copy_(torch.where(take, tok, self.canvas))
         self.unresolved.logical_and_(~take)
         self.step.add_(active.view(1).long())
-        if use_res:
-            pr = probs if rtemp == 1.0 else torch.softmax(lf / rtemp, -1)
-            self.z.copy_(F_.soft_embed(self.w, pr))
-            if self.mcfg.pathway_where == "canvas":
-                self.where.fill_(True)
-            else:
-                self.where.copy_(self.unresolved)
-            if self.mcfg.pathway == "rcd":
-                self.weight.copy_(Smp.normalized_entropy(pr))
-        torch.logical_and(self.unresolved.any(-1), self.step < self.max_steps, out=self.flag)
 
     def _start(self, fold: bool, S: int) -> None:
         """Fresh canvas and the first round (no residual yet); with ``fold`` the previous block is
@@ -185,6 +238,8 @@ class Runtime:
         self.canvas.copy_(self.mask_id.expand(1, K))
         self.unresolved.fill_(True)
         self.step.zero_()
+        self.active.fill_(True)
+        self.post.zero_()
         where = None
         if use_res:
             self.z.zero_()
@@ -273,7 +328,7 @@ class Runtime:
         self.cache_len.zero_()
         lim = torch.arange(1, P + 1, device=self.device)  # prompt tokens: one block each = causal
         h = F_.embed(self.w, prompt)
-        F_.forward(self.w, h, self.cache_len, lim, self.kv, P, logits_from=None)  # eager: P varies
+        F_.forward(self.w, h, self.cache_len, lim, self.kv, P, logits_from=None, kernels=self._kernels)  # eager
         self.cache_len.fill_(P)
         self.length, self.pending = P, False
 
@@ -345,7 +400,7 @@ class Runtime:
     @torch.no_grad()
     def decode(self, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,
                on_block: Callable[[int, torch.Tensor], bool] | None = None) -> DecodeOutput:
-        """`orl.decode.decode` for one row: same arguments (greedy threshold/topk), same output."""
+        """`orl.decode.decode` for one row: same arguments (greedy threshold/topk/llada), same output."""
         if prompt.dim() == 2 and prompt.shape[0] != 1:
             raise ValueError(f"the runtime decodes one request at a time; got {prompt.shape[0]} rows")
         prompt = prompt.reshape(1, -1)

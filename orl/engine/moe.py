@@ -1,0 +1,233 @@
+"""The engine's mixture-of-experts MLP: routing, a grouped Triton kernel, a PyTorch twin, bytes.
+
+Owns, for one MoE layer at batch 1:
+  * ``MoEWeights`` / ``bake_moe``: an `orl.model.layers.MoE`'s weights in the engine's dtype (the
+    stacked experts are used as they are, no copy when the dtype already matches; the shared
+    expert's gate and up become one (2 Is, D) matrix).
+  * ``moe_mlp(h, mw, cfg)``: numerically `MoE.forward` (same softmax router, top-k, renormalised
+    top-k weights, Gemma-4 router scale and per-expert scale, the same activation and the same
+    order of additions: per token the routed experts in ascending id, then the shared expert).
+    Two backends with one contract:
+      "triton"  the T x k (token, expert) assignments are sorted by expert on the device; a grid
+                over a static maximum of ``min(E, T k)`` expert slots runs two grouped kernels
+                (gate/up + activation, then down + routing weight), where a slot with no tokens
+                exits before reading anything and one program reads its expert's weight tile
+                once for all the slot's tokens (up to ``BLOCK_T`` of them; more tokens, as in a
+                prefill, loop over the tile again); a third kernel sums each token's k outputs in
+                expert order and adds the shared expert. Static shapes, no host reads: CUDA-graph
+                safe. A `torch.library` custom op, so torch.compile treats it as one opaque call.
+      "torch"   gathers each assignment's expert weights (the slow twin; CPU, or no Triton).
+    Under ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors (tests).
+  * ``moe_bytes``: the weight bytes one forward reads from a MoE layer, counting only the experts
+    in the given router ids (the floor of a MoE round).
+Does not own: the rest of the layer (`orl.engine.forward`), the model's reference numerics
+(`orl.model.layers.MoE`).
+Shapes: N = T tokens, D hidden, E experts, k experts per token, I expert intermediate size.
+"""
+import functools
+import os
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+class MoEWeights(NamedTuple):
+    """One MoE layer's inference weights (tensors only, so torch.compile sees plain inputs)."""
+
+    router: torch.Tensor                    # (E, D) gate.weight
+    gate_up: torch.Tensor                   # (E, 2I, D) rows [gate; up]
+    down: torch.Tensor                      # (E, D, I)
+    shared_gate_up: Optional[torch.Tensor]  # (2 Is, D) [gate_proj; up_proj] of the shared expert(s)
+    shared_down: Optional[torch.Tensor]     # (D, Is)
+    router_scale: Optional[torch.Tensor]    # (D,) Gemma 4 router input scale
+    per_expert_scale: Optional[torch.Tensor]  # (E,) Gemma 4 scale of the top-k weights
+
+
+def bake_moe(moe, cast) -> MoEWeights:
+    """``moe`` an `orl.model.layers.MoE`; ``cast(t)`` returns t in the engine's dtype, contiguous
+    (None for None)."""
+    se = moe.shared_experts
+    return MoEWeights(
+        router=cast(moe.gate.weight), gate_up=cast(moe.gate_up_proj), down=cast(moe.down_proj),
+        shared_gate_up=None if se is None else cast(torch.cat([se.gate_proj.weight, se.up_proj.weight])),
+        shared_down=None if se is None else cast(se.down_proj.weight),
+        router_scale=cast(moe.router_scale) if moe.gemma else None,
+        per_expert_scale=cast(moe.per_expert_scale) if moe.gemma else None)
+
+
+# ----------------------------------------------------------------------------- routing
+def route(x: torch.Tensor, mw: MoEWeights, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """`MoE.route`, op for op: x (N, D) router input -> weights (N, k) float32, expert ids (N, k).
+    Unlike `MoE.route` each row is sorted by expert id (the order the reference adds experts in)."""
+    if mw.router_scale is not None:  # Gemma 4: scale-free RMSNorm, times the scale and D^-1/2
+        xf = x.float()
+        x = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + cfg.rms_eps)).to(x.dtype)
+        x = x * mw.router_scale * x.shape[-1] ** -0.5
+    probs = torch.softmax(F.linear(x, mw.router).float(), dim=-1)
+    w, idx = probs.topk(cfg.num_experts_per_tok, dim=-1)
+    if cfg.router_norm_topk:
+        w = w / w.sum(-1, keepdim=True)
+    if mw.per_expert_scale is not None:
+        w = w * mw.per_expert_scale[idx]
+    idx, order = idx.sort(-1)
+    return w.gather(-1, order), idx
+
+
+def _act(g: torch.Tensor, cfg) -> torch.Tensor:
+    return F.silu(g) if cfg.hidden_act == "silu" else F.gelu(g, approximate="tanh")
+
+
+def _weigh(y: torch.Tensor, w: torch.Tensor, gemma: bool) -> torch.Tensor:
+    """`MoE.forward`'s weighting: Gemma 4 multiplies in float32 and casts the product (HF); the
+    LLaDA path casts the weight first."""
+    return (y * w).to(y.dtype) if gemma else y * w.to(y.dtype)
+
+
+def shared_mlp(x: torch.Tensor, mw: MoEWeights, cfg) -> torch.Tensor:
+    """The shared expert (a `GatedMLP`) on x (N, D), gate and up as one matmul."""
+    g, u = F.linear(x, mw.shared_gate_up).chunk(2, dim=-1)
+    return F.linear(_act(g, cfg) * u, mw.shared_down)
+
+
+# ----------------------------------------------------------------------------- torch twin
+def experts_torch(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, mw: MoEWeights, cfg,
+                  max_elems: int = 1 << 27) -> torch.Tensor:
+    """Routed experts by gathering each assignment's weights: x (N, D), ids/w (N, k) from `route`
+    -> (N, D), each token's k outputs added in ascending expert id to zeros, as `MoE.forward`.
+    Pairs are processed in chunks of at most ``max_elems`` gathered weight elements."""
+    N, k = ids.shape
+    E, I2, D = mw.gate_up.shape
+    gemma = mw.router_scale is not None
+    flat, xs = ids.reshape(-1), x.repeat_interleave(k, 0)       # pair p = token p // k, slot p % k
+    chunk = max(1, max_elems // (I2 * D + D * I2 // 2))
+    ys = []
+    for a in range(0, N * k, chunk):
+        e = flat[a:a + chunk]
+        g, u = torch.bmm(mw.gate_up[e], xs[a:a + chunk, :, None])[..., 0].chunk(2, dim=-1)
+        ys.append(torch.bmm(mw.down[e], (_act(g, cfg) * u)[..., None])[..., 0])
+    y = _weigh(torch.cat(ys).view(N, k, D), w[..., None], gemma)
+    out = torch.zeros_like(x)
+    for j in range(k):  # the reference's index_add order: one expert after another
+        out = out + y[:, j]
+    return out
+
+
+# ----------------------------------------------------------------------------- Triton
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
+def plan(ids: torch.Tensor, num_experts: int) -> dict:
+    """The grouped layout of ids (N, k), on the device with static shapes: the N k assignments
+    sorted by expert (stable: by token within an expert), and per slot m < min(E, N k) its first
+    sorted position, count (0: inactive, always after the active ones) and expert."""
+    N, k = ids.shape
+    flat = ids.reshape(-1)
+    sorted_e, order = torch.sort(flat, stable=True)            # order[s] = pair at sorted position s
+    new = torch.cat([torch.ones_like(sorted_e[:1], dtype=torch.bool), sorted_e[1:] != sorted_e[:-1]])
+    slot = new.long().cumsum(0) - 1
+    M = min(num_experts, N * k)
+    count = torch.zeros(M, dtype=torch.long, device=ids.device).scatter_add_(0, slot, torch.ones_like(slot))
+    expert = torch.zeros(M, dtype=torch.long, device=ids.device).scatter_(0, slot, sorted_e)
+    pos = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=ids.device))
+    return dict(order=order, tok=order // k, start=count.cumsum(0) - count, count=count, expert=expert,
+                pos=pos, slots=M)
+
+
+def _tiles(n: int) -> tuple[int, int]:
+    """(BLOCK_T, TILES): the token tile of a slot and a power-of-two number of tiles covering n."""
+    bt = 16 if n <= 16 else 32 if n <= 32 else 64
+    return bt, 1 << max(0, (_cdiv(n, bt) - 1).bit_length())
+
+
+def experts_triton(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor, shared: Optional[torch.Tensor], gelu: bool, gemma: bool) -> torch.Tensor:
+    """The grouped kernels (module docstring); same contract as `experts_torch` plus ``shared``
+    (N, D) or None, added last."""
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError("the Triton MoE kernels need CUDA tensors (or TRITON_INTERPRET=1 for the CPU "
+                           "interpreter); use backend='torch'")
+    from . import moe_kernels as mk  # noqa: PLC0415 - Triton is imported on first use only
+    x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
+    N, D = x.shape
+    k = ids.shape[1]
+    E, I2, _ = gate_up.shape
+    I = I2 // 2
+    p = plan(ids, E)
+    M, fp32 = p["slots"], x.dtype == torch.float32
+    bt, tiles = _tiles(N)
+    wsorted = w.reshape(-1).float()[p["order"]].contiguous()
+    h = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
+    y = torch.empty(N * k, D, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
+    # fp32 tiles are halved along the reduction so 3 pipeline stages fit in shared memory
+    BI, BD, BN, BK = (64, 32, 64, 32) if fp32 else (64, 128, 64, 128)
+    mk.orl_moe_gate_up[(M, _cdiv(I, BI))](x, gate_up, p["tok"], p["start"], p["count"], p["expert"], h, D, I,
+                                          TILES=tiles, BLOCK_T=bt, BLOCK_I=BI, BLOCK_D=BD, GELU=gelu, FP32=fp32)
+    mk.orl_moe_down[(M, _cdiv(D, BN))](h, down, wsorted, p["start"], p["count"], p["expert"], y, D, I,
+                                       TILES=tiles, BLOCK_T=bt, BLOCK_N=BN, BLOCK_K=BK, GEMMA=gemma, FP32=fp32)
+    sh = shared.contiguous() if shared is not None else out
+    mk.orl_moe_combine[(N, _cdiv(D, 256))](y, p["pos"], sh, out, D, K_TOP=k, BLOCK=256, HAS_SHARED=shared is not None)
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@torch.library.custom_op("orl::moe_experts", mutates_args=())
+def _moe_experts_op(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor, shared: Optional[torch.Tensor], gelu: bool, gemma: bool) -> torch.Tensor:
+    return experts_triton(x, ids, w, gate_up, down, shared, gelu, gemma)
+
+
+@_moe_experts_op.register_fake
+def _(x, ids, w, gate_up, down, shared, gelu, gemma):
+    return torch.empty_like(x)
+
+
+# ----------------------------------------------------------------------------- the layer
+def pick_backend(backend: str, device: torch.device) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"MoE backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    return backend
+
+
+def moe_mlp(h: torch.Tensor, mw: MoEWeights, cfg, router_input: Optional[torch.Tensor] = None,
+            backend: str = "auto") -> torch.Tensor:
+    """`MoE.forward`: h (1, T, D) the (normed) expert input; router_input (1, T, D) (None: h, the
+    LLaDA case; Gemma 4 routes the raw residual). Returns (1, T, D). ``backend`` "auto": Triton
+    on CUDA when importable, else the PyTorch twin."""
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    w, ids = route(x if router_input is None else router_input.reshape(-1, shape[-1]), mw, cfg)
+    shared = shared_mlp(x, mw, cfg) if mw.shared_gate_up is not None else None
+    if pick_backend(backend, x.device) == "triton":
+        out = torch.ops.orl.moe_experts(x, ids, w, mw.gate_up, mw.down, shared, cfg.hidden_act != "silu",
+                                        mw.router_scale is not None)
+    else:
+        out = experts_torch(x, ids, w, mw, cfg)
+        if shared is not None:
+            out = out + shared
+    return out.view(shape)
+
+
+# ----------------------------------------------------------------------------- bytes
+def moe_bytes(mw: MoEWeights, ids: Optional[torch.Tensor] = None) -> int:
+    """Weight bytes a forward reads from this layer: router, scales and shared expert, plus the
+    routed experts in ``ids`` (any shape; each distinct expert once) or, for None, all of them."""
+    dense = sum(t.numel() for t in (mw.router, mw.shared_gate_up, mw.shared_down, mw.router_scale,
+                                    mw.per_expert_scale) if t is not None)
+    per_expert = mw.gate_up[0].numel() + mw.down[0].numel()
+    n = mw.gate_up.shape[0] if ids is None else int(torch.unique(ids).numel())
+    return (dense + n * per_expert) * mw.gate_up.element_size()

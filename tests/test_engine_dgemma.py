@@ -1,0 +1,198 @@
+"""The DiffusionGemma runtime in eager mode (CPU, float32) against the model and the reference decoder.
+
+  * forward: the engine's logits equal the model's in encoder mode (prompt and a committed canvas,
+    causal, longer than the sliding window) and canvas mode (with a self-conditioning input), also
+    with the commit folded into the canvas's forward; the cached keys equal the model's.
+  * decode: `orl.decode.decode` driven by the runtime's counter RNG (`dgemma_sampler.reference_rng`)
+    and `Runtime.decode` with the same seed give the same canvases, tokens and rounds -- sampled
+    and greedy, with early stopping, re-noising, EOS, with and without fold_commit.
+  * the device sampler's pieces: temperature bit for bit, the counter RNG, a finished round is a no-op.
+"""
+import math
+
+import pytest
+import torch
+
+from orl.decode import DecodeConfig, decode
+from orl.decode import samplers as Smp
+from orl.engine import dgemma_sampler as DS
+from orl.engine.dgemma import DGemmaRuntime
+from orl.engine.dgemma_forward import DGStaticKV, bake, forward
+from orl.engine.forward import embed
+from orl.engine.runtime import Runtime
+from orl.model import build_model, get_config
+from orl.model.masks import commit_layout, decode_layout, step_mask
+
+
+def _model(seed=0, **kw):
+    """dgemma/tiny with weights of tests/dg_reference.py's scales (logit std ~2.5, every branch and
+    the self-conditioning pathway non-zero, distinct encoder/canvas layer scalars)."""
+    m = build_model(get_config("dgemma", "tiny", **kw), seed=seed).eval()
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("embed_tokens.weight"):
+                new = torch.randn(p.shape, generator=g) * 0.3
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                new = 0.4 + 0.4 * torch.rand(p.shape, generator=g)
+            elif p.ndim == 1:  # other norms, router scale, per-expert scale
+                new = 0.5 + torch.rand(p.shape, generator=g)
+            elif name.endswith("moe.gate.weight"):
+                new = torch.randn(p.shape, generator=g) * 2.0
+            else:  # (out, in) matrices and stacked experts (E, out, in)
+                new = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+            p.copy_(new)
+        for layer in m.model.layers:
+            layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=g))
+            layer.canvas_layer_scalar.copy_(0.5 + torch.rand(1, generator=g))
+    return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model()
+
+
+def _ids(n, seed, V=256):
+    return torch.randint(0, V, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_forward_matches_model(model):
+    """Encoder logits over a prompt longer than the window and a committed canvas, then canvas logits
+    with a self-conditioning input; the engine folds the commit into the canvas forward."""
+    cfg, K, P = model.config, model.config.block_size, 12
+    assert P > cfg.sliding_window
+    prompt, block, canvas = _ids(P, 1), _ids(K, 2), _ids(K, 3)
+    z = model.soft_embed(torch.softmax(torch.randn(1, K, cfg.vocab_size, generator=torch.Generator().manual_seed(4))
+                                       * 3, -1))
+    ones = torch.ones(1, K, dtype=torch.bool)
+    cache = model.new_cache(1, P + 2 * K)
+    lay = commit_layout(P, 0, K, "causal")
+    ref_p = model(prompt, lay.positions, lay.mask(), cache=cache, store_kv=True)
+    lay = commit_layout(P, K, K, "causal")
+    ref_b = model(block, lay.positions[P:], step_mask(lay, P), cache=cache, store_kv=True)
+    lay = decode_layout(P, K, K, K, "causal")
+    ref_c = model(canvas, lay.positions[P + K:], step_mask(lay, P + K), residual=z, residual_where=ones, cache=cache)
+
+    w, kv = bake(model, max_len=64), DGStaticKV(cfg, 64, torch.float32, "cpu")
+    start = torch.zeros(1, dtype=torch.long)
+    lim = torch.arange(1, P + 1)
+    got_p = forward(w, embed(w, prompt), start, lim, lim - 1, torch.zeros(1, P, dtype=torch.bool), kv, 64)
+    torch.testing.assert_close(got_p, ref_p, rtol=1e-4, atol=1e-4)
+    # folded: [committed canvas (encoder rows) | canvas (decoder rows)] in one forward
+    start += P
+    blk = torch.arange(1, K + 1)
+    lim, anc = torch.cat([blk, torch.full((K,), 2 * K)]), torch.cat([blk - 1, torch.full((K,), K)])
+    rows = torch.cat([torch.zeros(1, K, dtype=torch.bool), ones], 1)
+    h = embed(w, torch.cat([block, canvas], 1), torch.cat([torch.zeros_like(z), z], 1), rows)
+    got = forward(w, h, start, lim, anc, rows, kv, 64)
+    torch.testing.assert_close(got[:, :K], ref_b, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[:, K:], ref_c, rtol=1e-4, atol=1e-4)
+    for i in range(cfg.num_layers):
+        torch.testing.assert_close(kv.k[i][:, :, :P + K], cache.k[i][:, :, :P + K], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kv.v[i][:, :, :P + K], cache.v[i][:, :, :P + K], rtol=1e-5, atol=1e-5)
+    # the same canvas over the cache alone (not folded)
+    start += K
+    got_c = forward(w, embed(w, canvas, z, ones), start, torch.full((K,), K), torch.zeros(K, dtype=torch.long),
+                    ones, kv, 64)
+    torch.testing.assert_close(got_c, ref_c, rtol=1e-4, atol=1e-4)
+
+
+CASES = {  # name: (prompt length, DecodeConfig fields, fold_commit, eos probe)
+    "sampled, schedule": (12, dict(steps=6, max_new_tokens=48), True, False),
+    "sampled, not folded": (12, dict(steps=6, max_new_tokens=32), False, False),
+    "sampled, wide bound, stability 2": (20, dict(steps=5, entropy_bound=2.0, stability_threshold=2), True, False),
+    "low temperature: early stop": (9, dict(steps=12, t_min=0.01, t_max=0.02, max_new_tokens=48), True, False),
+    "greedy, stability 0": (12, dict(steps=5, temperature=0.0, stability_threshold=0), True, False),
+    "no self-conditioning": (12, dict(steps=6, residual=False), True, False),
+    "eos ends decoding": (12, dict(steps=4, t_min=0.05, t_max=0.1, max_new_tokens=64), True, True),
+}
+
+
+def _cfg(**kw):
+    base = dict(rule="dgemma", block_size=16, max_new_tokens=32, entropy_bound=0.1, temperature=0.8, t_min=0.4,
+                t_max=0.8, stability_threshold=1, confidence_threshold=0.005)
+    return DecodeConfig(**{**base, **kw})
+
+
+def _reference(model, prompt, cfg, seed, eos=()):
+    with DS.reference_rng(seed) as new_canvas:
+        return decode(model, prompt, cfg, eos_ids=eos, on_block=lambda b, t: new_canvas() or True)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_matches_reference(model, name):
+    P, kw, fold, probe = CASES[name]
+    cfg, prompt, seed = _cfg(**kw), _ids(P, 7), 11
+    eos = ()
+    if probe:  # a token of the second canvas becomes the EOS
+        eos = (_reference(model, prompt, cfg, seed).block_tokens[0][16 + 3],)
+    ref = _reference(model, prompt, cfg, seed, eos)
+    rt = Runtime(model, 16, mode="eager", max_len=160, fold_commit=fold, bucket=32)
+    assert isinstance(rt, DGemmaRuntime)
+    out = rt.decode(prompt, cfg, eos_ids=eos, seed=seed)
+    assert len(set(ref.tokens[0])) >= 4, "degenerate test model"
+    assert out.block_tokens == ref.block_tokens
+    assert out.tokens == ref.tokens
+    assert out.steps_per_block == ref.steps_per_block
+    assert out.finish_reason == ref.finish_reason
+    if name == "low temperature: early stop":
+        assert max(ref.steps_per_block[0]) < cfg.max_steps
+    elif name == "eos ends decoding":
+        assert ref.finish_reason == ["stop"] and len(ref.steps_per_block[0]) == 2
+    elif not name.startswith("greedy"):
+        assert all(s == cfg.max_steps for s in ref.steps_per_block[0])  # the sampler ran every round
+    # the same request again on the same runtime, and another seed gives other tokens
+    assert rt.decode(prompt, cfg, eos_ids=eos, seed=seed).tokens == out.tokens
+    if not name.startswith("low"):
+        assert rt.decode(prompt, cfg, eos_ids=eos, seed=seed + 1).block_tokens != out.block_tokens
+
+
+def test_temperature_is_the_reference_bitwise():
+    for N, lo, hi in ((48, 0.4, 0.8), (7, 0.01, 0.02), (5, 0.3, 1.7)):
+        f = lambda v: torch.tensor([v], dtype=torch.float32)  # noqa: E731
+        for step in range(N):
+            got = DS.temperature(torch.tensor([step]), torch.tensor([N]), f(lo), f(hi - lo))
+            assert torch.equal(got[0], Smp.dgemma_temperature(N - step, N, lo, hi)), (N, step)
+
+
+def test_counter_rng():
+    seed = torch.tensor([5])
+    a = DS.counter_bits(seed, torch.tensor([3]), 1, 4096)
+    assert torch.equal(a, DS.counter_bits(seed, torch.tensor([3]), 1, 4096))  # a pure function
+    for other in (DS.counter_bits(seed, torch.tensor([4]), 1, 4096), DS.counter_bits(seed, torch.tensor([3]), 2, 4096),
+                  DS.counter_bits(torch.tensor([6]), torch.tensor([3]), 1, 4096)):
+        assert (a == other).float().mean() < 0.01
+    assert int(a.min()) >= 0 and int(a.max()) < 1 << 32
+    u = DS.uniform(seed, torch.tensor([9]), 1, 1 << 16)
+    assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
+    r = DS.randint(seed, torch.tensor([9]), 2, 1 << 16, 256)
+    counts = torch.bincount(r, minlength=256).float()
+    assert int(r.max()) < 256 and counts.min() > 0.6 * counts.mean()
+    bits = (a[:, None] >> torch.arange(32)) & 1  # every bit fair
+    assert ((bits.float().mean(0) - 0.5).abs() < 0.04).all()
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75]])
+    assert DS.sample_inverse_cdf(probs, torch.tensor([0.1])).tolist() == [1]
+    assert DS.sample_inverse_cdf(probs, torch.tensor([0.3])).tolist() == [3]
+
+
+def test_finished_round_is_a_noop(model):
+    rt = Runtime(model, 16, mode="eager", max_len=64)
+    cfg = _cfg(steps=3)
+    rt.set_request(cfg, seed=1)
+    rt.prefill(_ids(10, 1))
+    rt.generate_block()
+    state = [t.clone() for t in (rt.canvas, rt.hist, rt.step, rt.counter, rt.flag)]
+    assert not bool(rt.flag)
+    rt._round(rt._slots(rt.length + 2 * rt.K))
+    assert all(torch.equal(a, b) for a, b in zip(state, (rt.canvas, rt.hist, rt.step, rt.counter, rt.flag)))
+
+
+def test_refusals(model):
+    rt = Runtime(model, 16, mode="eager", max_len=64)
+    with pytest.raises(NotImplementedError, match="dgemma"):
+        rt.decode(_ids(3, 1), DecodeConfig(rule="threshold", block_size=16, max_new_tokens=16))
+    with pytest.raises(ValueError, match="canvas length"):
+        rt.decode(_ids(3, 1), _cfg(block_size=8))
+    with pytest.raises(ValueError, match="max_len"):
+        rt.decode(_ids(3, 1), _cfg(max_new_tokens=64))

@@ -1,0 +1,205 @@
+"""The engine's MoE (orl.engine.moe) against orl.model.layers.MoE, and the runtime on the LLaDA family
+(MoE layers, threshold + editing rule) against the reference decoder, on CPU in float32.
+
+The Triton kernels run under the Triton interpreter (TRITON_INTERPRET=1, in a subprocess because the
+variable must be set before Triton is imported); skipped when Triton is not installed."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from orl.decode import DecodeConfig, decode
+from orl.engine.forward import StaticKV, bake, embed, forward
+from orl.engine.moe import bake_moe, experts_torch, moe_bytes, moe_mlp, plan, route
+from orl.engine.runtime import EngineConfig, Runtime
+from orl.model import build_model, get_config
+from orl.model.layers import MoE
+
+
+def _moe(family="llada", seed=0, **kw):
+    cfg = get_config(family, "tiny", **kw)
+    torch.manual_seed(seed)
+    m = MoE(cfg)
+    with torch.no_grad():  # larger than the default init so routing and outputs are far from ties
+        for p in m.parameters():
+            p.normal_(0, 0.3)
+    return m, cfg
+
+
+def _cast(t):
+    return None if t is None else t.detach().float().contiguous()
+
+
+MOE_CASES = [  # (family, overrides, T): llada (silu, shared expert), dgemma (gelu, Gemma router)
+    ("llada", {}, 1),
+    ("llada", {}, 7),
+    ("llada", {}, 70),            # more tokens per expert than one token tile (prefill)
+    ("llada", dict(num_experts=16, num_experts_per_tok=4), 3),   # 12 slots, some inactive
+    ("llada", dict(num_shared_experts=0, router_norm_topk=False), 9),
+    ("dgemma", {}, 11),
+]
+
+
+@pytest.mark.parametrize("family,kw,T", MOE_CASES)
+def test_moe_mlp_torch_matches_model(family, kw, T):
+    m, cfg = _moe(family, **kw)
+    mw = bake_moe(m, _cast)
+    x, r = torch.randn(1, T, cfg.hidden_size), torch.randn(1, T, cfg.hidden_size)
+    ri = r if cfg.router_scale else None
+    with torch.no_grad():
+        ref = m(x, router_input=ri)
+        got = moe_mlp(x, mw, cfg, router_input=ri, backend="torch")
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_torch_bf16_close_to_model():
+    m, cfg = _moe()
+    m = m.to(torch.bfloat16)
+    mw = bake_moe(m, lambda t: None if t is None else t.detach().contiguous())
+    x = torch.randn(1, 13, cfg.hidden_size).to(torch.bfloat16)
+    with torch.no_grad():
+        ref, got = m(x), moe_mlp(x, mw, cfg, backend="torch")
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_route_and_plan():
+    m, cfg = _moe(num_experts=16, num_experts_per_tok=4)
+    mw = bake_moe(m, _cast)
+    x = torch.randn(5, cfg.hidden_size)
+    w, ids = route(x, mw, cfg)
+    rw, rids = m.route(x)
+    # same sets and weights, each row sorted by expert id
+    assert torch.equal(ids, rids.sort(-1).values)
+    torch.testing.assert_close(w, rw.gather(-1, rids.sort(-1).indices))
+    p = plan(ids, 16)
+    distinct = torch.unique(ids)
+    n = len(distinct)
+    assert p["slots"] == 16 and int(p["count"].sum()) == ids.numel()
+    assert (p["count"][:n] > 0).all() and (p["count"][n:] == 0).all()   # inactive slots last
+    assert torch.equal(p["expert"][:n], distinct)
+    flat = ids.reshape(-1)
+    for s in range(n):  # each slot's pairs route to its expert, tokens ascending
+        pairs = p["order"][p["start"][s]:p["start"][s] + p["count"][s]]
+        assert (flat[pairs] == p["expert"][s]).all() and torch.equal(pairs, pairs.sort().values)
+    assert torch.equal(p["order"][p["pos"]], torch.arange(ids.numel()))
+    # the floor counts only the touched experts
+    per = (mw.gate_up[0].numel() + mw.down[0].numel()) * 4
+    assert moe_bytes(mw, ids) == moe_bytes(mw) - (16 - n) * per
+
+
+def test_experts_torch_chunks_give_the_same_result():
+    m, cfg = _moe()
+    mw = bake_moe(m, _cast)
+    x = torch.randn(6, cfg.hidden_size)
+    w, ids = route(x, mw, cfg)
+    a = experts_torch(x, ids, w, mw, cfg)
+    b = experts_torch(x, ids, w, mw, cfg, max_elems=1)  # one pair per chunk
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _llada(pathway="mlp", **kw):
+    m = build_model(get_config("llada", "tiny", pathway=pathway, tie_embeddings=False, **kw), seed=1).eval()
+    if m.residual_pathway is not None:  # make the pathway matter
+        torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.2)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.3)  # peaked outputs: thresholds fire, edits happen
+    return m
+
+
+LLADA_CASES = [  # (threshold, edit_threshold, max_post_steps, fold, residual, pathway)
+    (0.95, 0.9, 16, True, True, "mlp"),     # the published protocol's numbers
+    (0.5, 0.3, 16, True, True, "mlp"),      # many commits and edits per round
+    (1.0, 0.3, 3, True, True, "mlp"),       # one commit per round; post steps hit their cap
+    (0.3, 0.1, 16, False, True, "mlp"),     # without fold_commit
+    (0.5, 0.3, 16, True, False, "mlp"),     # residual off
+    (0.5, 0.3, 16, True, True, "none"),
+]
+
+
+@pytest.mark.parametrize("case", LLADA_CASES)
+def test_runtime_llada_matches_reference(case):
+    thr, ethr, post, fold, residual, pathway = case
+    model = _llada(pathway)
+    K = model.config.block_size
+    rt = Runtime(model, K, EngineConfig(mode="eager", max_len=128, fold_commit=fold, bucket=32))
+    edits = 0
+    for seed in range(3):
+        prompt = torch.randint(5, 60, (1, 5 + 3 * seed), generator=torch.Generator().manual_seed(seed))
+        cfg = DecodeConfig(rule="llada", block_size=K, max_new_tokens=3 * K - 1, threshold=thr,
+                           edit_threshold=ethr, max_post_steps=post, residual=residual)
+        ref = decode(model, prompt, cfg, trace=True)
+        out = rt.decode(prompt, cfg)
+        assert len(set(ref.tokens[0])) >= 3, "degenerate test model: it predicts one token"
+        assert out.tokens == ref.tokens
+        assert out.steps_per_block == ref.steps_per_block
+        assert out.block_tokens == ref.block_tokens
+        edits += sum(int((r.committed & ~r.unresolved).sum()) for r in ref.trace)
+    if ethr < 0.9:
+        assert edits > 0, "the case should exercise token-to-token editing"
+
+
+def test_runtime_llada_post_steps_cap_rounds():
+    """threshold 1.0: one mask per round (K rounds), then post steps until no edit or the cap."""
+    model = _llada()
+    K = model.config.block_size
+    cfg = DecodeConfig(rule="llada", block_size=K, max_new_tokens=2 * K, threshold=1.0, edit_threshold=1.0)
+    out = Runtime(model, K, mode="eager", max_len=64).decode(torch.tensor([[5, 6, 7]]), cfg)
+    assert out.steps_per_block == [[K + 1, K + 1]]  # no edits: the first post step ends the block
+
+
+def test_forward_matches_model_llada_and_floor_counts_touched_experts():
+    model = _llada()
+    cfg, P = model.config, 9
+    prompt = torch.randint(5, 60, (1, P))
+    ref = model(prompt, torch.arange(P), torch.ones(P, P, dtype=torch.bool).tril())
+    w, kv = bake(model, max_len=32), StaticKV(cfg, 32, torch.float32, "cpu")
+    assert w.moe_backend == "torch"
+    ids: list = []
+    got = forward(w, embed(w, prompt), torch.zeros(1, dtype=torch.long), torch.arange(1, P + 1), kv, 32,
+                  route_out=ids)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    n_moe = cfg.num_layers - cfg.first_dense_layers
+    assert len(ids) == n_moe and ids[0].shape == (P, cfg.num_experts_per_tok)
+    full = w.weight_bytes()
+    one = [torch.zeros(1, 1, dtype=torch.long)] * n_moe  # one expert touched per layer
+    per = sum(lw.moe.gate_up[0].numel() + lw.moe.down[0].numel() for lw in w.layers if lw.moe is not None) * 4
+    assert w.weight_bytes(one) == full - (cfg.num_experts - 1) * per
+    assert w.weight_bytes(ids) <= full
+
+
+_INTERPRETER_SCRIPT = r"""
+import torch
+from tests.test_engine_moe import _cast, _llada, _moe, MOE_CASES
+from orl.decode import DecodeConfig, decode
+from orl.engine.moe import bake_moe, moe_mlp
+from orl.engine.runtime import Runtime
+with torch.no_grad():
+    for family, kw, T in MOE_CASES:
+        m, cfg = _moe(family, **kw)
+        mw = bake_moe(m, _cast)
+        x, r = torch.randn(1, T, cfg.hidden_size), torch.randn(1, T, cfg.hidden_size)
+        ri = r if cfg.router_scale else None
+        torch.testing.assert_close(moe_mlp(x, mw, cfg, router_input=ri, backend="triton"),
+                                   m(x, router_input=ri), rtol=1e-5, atol=1e-5)
+    model = _llada()
+    K = model.config.block_size
+    cfg = DecodeConfig(rule="llada", block_size=K, max_new_tokens=2 * K, threshold=0.5, edit_threshold=0.3)
+    prompt = torch.tensor([[5, 9, 11, 40, 7]])
+    rt = Runtime(model, K, mode="eager", max_len=64, moe_backend="triton")
+    out, ref = rt.decode(prompt, cfg), decode(model, prompt, cfg)
+    assert out.tokens == ref.tokens and out.steps_per_block == ref.steps_per_block, (out, ref)
+print("INTERPRETER-OK")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_kernels_in_interpreter_match_model():
+    """The grouped Triton kernels (fp32, interpreter) == MoE.forward; the runtime with them ==
+    the reference decoder."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=root)
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", _INTERPRETER_SCRIPT], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "INTERPRETER-OK" in r.stdout, r.stderr[-4000:]
