@@ -26,7 +26,7 @@ def _one(args) -> None:
     from orl.train.loop import train_orl
     name, sets = args.run.split(":", 1)
     cfg = get_recipe(args.recipe, init=args.start, out=os.path.join(args.out, name))
-    apply_overrides(cfg, [s for s in sets.split(",") if s])
+    apply_overrides(cfg, list(args.sets) + [s for s in sets.split(",") if s])
     final = train_orl(cfg, resume=True, quiet=True)
     r = _eval(final, get_task(cfg.task, **cfg.task_kwargs), args.n_eval, cfg.eval_decode)
     with open(os.path.join(args.out, name, "eval.json"), "w") as f:
@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-eval", type=int, default=500)
     ap.add_argument("--gamma", type=float, default=8.0)
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="override applied to every variant and to the base evaluation (e.g. task_kwargs.pad=true)")
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--start", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -52,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from orl.demo import _eval
     from orl.model.convert import make_orl_start
-    from orl.recipes import get_recipe
+    from orl.recipes import apply_overrides, get_recipe
     from orl.tasks.registry import get_task
     os.makedirs(a.out, exist_ok=True)
     start = os.path.join(a.out, "start")
@@ -65,12 +67,13 @@ def main() -> None:
             v = pending.pop(0)
             cmd = [sys.executable, __file__, "--base", a.base, "--out", a.out, "--recipe", a.recipe, "--run", v,
                    "--start", start, "--threads", str(a.threads), "--n-eval", str(a.n_eval)]
+            cmd += [x for s in a.sets for x in ("--set", s)]
             procs.append((v, subprocess.Popen(cmd, env=env)))
         v, p = procs.pop(0)
         p.wait()
         if p.returncode:
             print(f"variant {v} failed ({p.returncode})", flush=True)
-    cfg = get_recipe(a.recipe, init=start, out=a.out)
+    cfg = apply_overrides(get_recipe(a.recipe, init=start, out=a.out), a.sets)
     base = _eval(a.base, get_task(cfg.task, **cfg.task_kwargs), a.n_eval, cfg.eval_decode)
     rows = {"base": {k: base[k] for k in ("accuracy", "tpf", "tpf_no_commit", "steps_per_block", "n")}}
     for v in a.variant or ["full:"]:

@@ -41,7 +41,7 @@ def _plot(metrics_path: str, out_png: str, base: dict) -> None:
     steps = sorted(rows)
     ev = [s for s in steps if "eval_tpf" in rows[s]]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax[0].plot(steps, [rows[s]["tpf"] for s in steps], label="rollout TPF (T=1)", alpha=0.6)
+    ax[0].plot(steps, [rows[s]["tpf"] for s in steps], label="rollout TPF (sampled)", alpha=0.6)
     ax[0].plot([0] + ev, [base["tpf"]] + [rows[s]["eval_tpf"] for s in ev], "o-", label="held-out TPF (greedy)")
     ax[0].set_xlabel("ORL step"), ax[0].set_ylabel("tokens per forward"), ax[0].legend()
     ax[1].plot(steps, [rows[s]["reward"] for s in steps], label="rollout reward", alpha=0.6)

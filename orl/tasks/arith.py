@@ -1,10 +1,12 @@
 """The embedded default task: multi-term addition with carries, written out step by step.
 
 Prompt ``7+8+9+6=``; response ``7+8=15;15+9=24;24+6=30;#30`` (defaults: four one-digit terms),
-or the same sums in another order of the terms (``shuffle``). Each partial sum depends on the
-previous one and each digit of a sum on the carries below it, so a block-diffusion model cannot
-commit the whole response in one step: the base model keeps genuine sequential dependency
-(TPF well below the block length), which is the room ORL needs to show a gain.
+or, for a fraction ``shuffle`` of the problems (default 1/4), the same sums in another order of the
+terms. Each partial sum depends on the previous one and each digit of a sum on the carries below
+it, and the worked text has a dominant style (prompt order) with variations, as real SFT data has:
+a model trained on it is unsure which style a response takes until it commits one, so its decoder
+commits few tokens per forward -- the room ORL needs to show a gain. (All orders shuffled,
+``shuffle=1``, makes the ambiguity symmetric and far harder to resolve; docs/LOG.md.)
 
 Deterministic generator: problem i of a split is a function of (seed, split, i) only. The
 held-out split holds exactly the operand tuples whose stable hash falls in bucket 0 of 10; the
@@ -32,12 +34,15 @@ class ArithTask:
     digits: int = 1
     seed: int = 0
     n_test: int = 500
-    shuffle: bool = True          # worked solutions add the terms in a random order (see `solution`)
+    shuffle: float = 0.25         # fraction of worked solutions that add the terms in a random order
+                                  # instead of the prompt's (True = 1.0; see `solution`)
     name: str = "arith"
 
     def __post_init__(self) -> None:
         if self.terms < 2 or self.digits < 1:
             raise ValueError(f"arith needs terms >= 2 and digits >= 1, got terms={self.terms}, digits={self.digits}")
+        if not 0 <= float(self.shuffle) <= 1:
+            raise ValueError(f"arith shuffle is a fraction of problems in [0, 1], got {self.shuffle}")
 
     # ---------------------------------------------------------------- generation
     def _operands(self, rng: random.Random) -> tuple[int, ...]:
@@ -86,8 +91,10 @@ class ArithTask:
         correct, as in real data, so a model trained on them is uncertain about the order until it
         commits to one -- the ambiguity that limits how many tokens its decoder can commit at once."""
         ops = list(problem.meta["operands"])
-        if self.shuffle:
-            random.Random(f"order:{problem.id}").shuffle(ops)
+        rng = random.Random(f"order:{problem.id}")
+        p = float(self.shuffle)
+        if p >= 1 or (p > 0 and rng.random() < p):
+            rng.shuffle(ops)
         lines, acc = [], ops[0]
         for x in ops[1:]:
             lines.append(f"{acc}+{x}={acc + x}")
