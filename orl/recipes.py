@@ -56,6 +56,9 @@ def apply_overrides(cfg, sets: list[str]):
             obj = _child(obj, k, path)
         last = keys[-1]
         value = _parse(raw)
+        current = getattr(obj, last, None) if dataclasses.is_dataclass(obj) else None
+        if value is None and isinstance(current, str):
+            value = raw.strip()  # a string field: "none" is a value (e.g. loss.anchor=none), not None
         if dataclasses.is_dataclass(obj):
             if last not in {f.name for f in dataclasses.fields(obj)}:
                 raise ValueError(f"--set {path}: {type(obj).__name__} has no field {last!r}; fields: "

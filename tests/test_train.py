@@ -149,3 +149,13 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert set(a) == set(b)
     assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
     assert not _same(a, _weights(start))
+
+
+def test_overrides_parse_values_by_field():
+    from orl.recipes import apply_overrides, get_recipe
+    cfg = get_recipe("orl_arith", init="x", out="y")
+    apply_overrides(cfg, ["loss.anchor=none", "lr=1e-4", "decode.residual=false", "task_kwargs.shuffle=0.5"])
+    assert cfg.loss.anchor == "none" and cfg.lr == 1e-4 and cfg.decode.residual is False
+    assert cfg.task_kwargs["shuffle"] == 0.5
+    with pytest.raises(ValueError, match="no field 'nope'"):
+        apply_overrides(cfg, ["loss.nope=1"])
