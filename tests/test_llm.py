@@ -1,5 +1,7 @@
 """The `LLM` API on tiny random models: generate == stream, stop strings, cancellation, length
 errors, chat templates, and the incremental-text rules (EOS / budget cut, stop-prefix hold-back)."""
+import dataclasses
+
 import pytest
 
 from orl import LLM
@@ -118,3 +120,34 @@ def test_generate_cli_prints_text_and_report(capsys):
     assert "TPF" in plain.err and "forwards" in plain.err and "tokens/s" in plain.err and "latency" in plain.err
     assert main(["generate", "--model", "sdar/tiny", "--max-new-tokens", "9999", "x"]) == 1
     assert "exceeds the model context" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["sdar/tiny", "llada/tiny"])
+def test_runtime_engine_equals_reference(make_speaking_llm, name):
+    """`engine="runtime"` (the fast runtime, eager on the CPU) gives the reference decoder's text,
+    tokens, forwards and finish reasons through generate, stream, stop strings and cancellation."""
+    ref = make_speaking_llm(name)
+    fast = make_speaking_llm(name)
+    fast.engine = "runtime"
+    assert fast.uses_runtime(fast.decode_config, 5) and not ref.uses_runtime(ref.decode_config, 5)
+    for kw in (dict(max_new_tokens=40, ignore_eos=True), dict(max_new_tokens=24)):
+        a, b = ref.generate("hello", **kw), fast.generate("hello", **kw)
+        assert (a.token_ids, a.text, a.forwards, a.finish_reason) == (b.token_ids, b.text, b.forwards, b.finish_reason)
+    assert fast._runtime is not None                    # the runtime really decoded
+    stop = ref.generate("hello", max_new_tokens=40, ignore_eos=True).text[5:7]
+    assert fast.generate("hello", max_new_tokens=40, ignore_eos=True, stop=stop).text == \
+        ref.generate("hello", max_new_tokens=40, ignore_eos=True, stop=stop).text
+    full = fast.generate("hello", max_new_tokens=40, ignore_eos=True).text
+    assert "".join(fast.stream("hello", max_new_tokens=40, ignore_eos=True)) == full
+    with fast.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
+        next(s)
+    assert s.result.finish_reason == "cancelled"
+    # sampling is not run by the runtime: those requests fall back to the reference decoder
+    assert not fast.uses_runtime(dataclasses.replace(fast.decode_config, temperature=1.0), 5)
+    s1 = fast.generate("hello", max_new_tokens=16, temperature=1.0, seed=3)
+    assert s1.token_ids == ref.generate("hello", max_new_tokens=16, temperature=1.0, seed=3).token_ids
+
+
+def test_engine_name_checked():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        LLM("sdar/tiny", engine="fast")

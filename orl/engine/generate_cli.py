@@ -48,6 +48,8 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per device)")
     ap.add_argument("--tokenizer", default=None, help="qwen3 | char | directory (default: from the model)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "runtime"],
+                    help="decoder: auto = the fast runtime on CUDA for greedy SDAR/LLaDA requests, else the reference")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a decoding protocol field, e.g. --set threshold=0.8")
     args = ap.parse_args(argv)
@@ -56,7 +58,7 @@ def cli(argv: list[str] | None = None) -> int:
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = [{"role": "user", "content": text}] if args.chat else text
     llm = LLM(args.model, role=args.role, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
-              **parse_sets(args.set))
+              engine=args.engine, **parse_sets(args.set))
     if not args.no_warmup:
         llm.warmup()
     opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, stop=args.stop, seed=args.seed,

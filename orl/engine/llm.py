@@ -9,8 +9,10 @@ cancellation at block boundaries, and the per-request numbers (TPF with and with
 pass, forwards, latency, tokens/s).
 
 Does not own: the denoising loop (`orl.decode`), HTTP or queueing (`orl.engine.server`), or
-batching: one request decodes at a time. Every decode goes through `LLM._decode`, the one place
-a faster runtime (static buffers, CUDA graphs) will plug in behind the same methods.
+batching: one request decodes at a time. Every decode goes through `LLM._decode`, which picks the
+decoder (``engine``): the fast runtime (`orl.engine.runtime`: static buffers, the block's rounds in
+one CUDA graph) for the requests it runs -- greedy SDAR/LLaDA rules -- on a CUDA device, the
+reference decoder (`orl.decode`) otherwise. Both give the same tokens under greedy decoding.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ Prompt = str | list[dict]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 CHAR_SIZES = ("tiny", "small")  # named sizes whose vocabulary is the character tokenizer's
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ENGINES = ("auto", "reference", "runtime")
 
 
 class ContextLengthError(ValueError):
@@ -75,10 +78,18 @@ class LLM:
     ``model``: a checkpoint directory (tokenizer read from it when it holds tokenizer files)
     or a named size ("sdar/tiny", "qwen3-4b") built with random weights (seed 0).
     ``decode_overrides``: DecodeConfig fields replacing the protocol's (e.g. threshold=0.8).
+    ``engine``: "auto" (the runtime on CUDA for the requests it supports, else the reference
+    decoder), "reference", or "runtime" (always, falling back only for requests it cannot run;
+    on the CPU it runs eagerly -- a check, not a speed-up). The runtime keeps its own baked copy of
+    the weights (one more copy of the model in memory) and a static KV cache of ``engine_max_len``.
     """
 
     def __init__(self, model: str, role: str = "base", device: str = "cpu",
-                 dtype: str | torch.dtype | None = None, tokenizer=None, **decode_overrides):
+                 dtype: str | torch.dtype | None = None, tokenizer=None, engine: str = "auto",
+                 engine_max_len: int = 4096, **decode_overrides):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.engine, self.engine_max_len, self._runtime = engine, engine_max_len, None
         self.name = model
         self.device = device
         dt = resolve_dtype(dtype, device)
@@ -197,11 +208,25 @@ class LLM:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # ------------------------------------------------------------------ decoding
+    def uses_runtime(self, cfg: DecodeConfig, n_prompt: int) -> bool:
+        """Whether a request with ``cfg`` goes to the fast runtime (see ``engine``)."""
+        if self.engine == "reference" or (self.engine == "auto" and not str(self.device).startswith("cuda")):
+            return False
+        mcfg = self.model.config
+        n = n_prompt + math.ceil(cfg.max_new_tokens / cfg.block_size) * cfg.block_size + cfg.block_size
+        return (mcfg.noise == "mask" and cfg.temperature == 0 and cfg.rule in ("threshold", "topk", "llada")
+                and cfg.block_size == mcfg.block_size and n <= self.engine_max_len)
+
     def _decode(self, prompt_ids: list[int], cfg: DecodeConfig, eos_ids: list[int],
                 generator: torch.Generator | None, on_block: Callable) -> DecodeOutput:
-        """The one call into a decoder (the fast GPU runtime replaces this body)."""
+        """The one call into a decoder: the runtime when `uses_runtime`, else the reference decoder."""
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with torch.inference_mode():
+            if self.uses_runtime(cfg, len(prompt_ids)):
+                if self._runtime is None:
+                    from .runtime import Runtime  # noqa: PLC0415 - only when used
+                    self._runtime = Runtime(self.model, cfg.block_size, max_len=self.engine_max_len)
+                return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block)
             return decode(self.model, prompt, cfg, eos_ids=eos_ids, generator=generator, on_block=on_block)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,

@@ -564,6 +564,8 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per device)")
     ap.add_argument("--tokenizer", default=None, help="qwen3 | char | directory (default: from the model)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "runtime"],
+                    help="decoder: auto = the fast runtime on CUDA for greedy SDAR/LLaDA requests, else the reference")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a decoding protocol field, e.g. --set threshold=0.8")
     ap.add_argument("--log-level", default="info")
@@ -575,7 +577,7 @@ def cli(argv: list[str] | None = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"orl serve: warning: listening on {args.host}; the server has no authentication")
     llm = LLM(args.model, role=args.role, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
-              **parse_sets(args.set))
+              engine=args.engine, **parse_sets(args.set))
     app = create_app(llm, args.served_model_name or args.model, queue_size=args.queue_size)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
