@@ -2,10 +2,16 @@
 
 One intra-op thread: the tests use tiny models whose ops are microseconds; with several threads on
 a busy 2-core machine every op can stall on thread hand-off.
+Without a GPU, Triton kernels run in Triton's interpreter: TRITON_INTERPRET must be set before the
+first import of triton anywhere in the process (torch.compile imports it too), so it is set here.
 """
+import os
+
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)
 
 
