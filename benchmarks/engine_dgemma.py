@@ -192,8 +192,12 @@ def hf_parity(hf, rt, prompt) -> str:
     P, K = prompt.shape[1], rt.K
     canvas = torch.randint(0, rt.mcfg.vocab_size, (1, K), generator=torch.Generator().manual_seed(1)).to(prompt.device)
     cache = DynamicCache(config=hf.config.get_text_config(decoder=True))
-    hf.model.encoder(input_ids=prompt, cache=cache)
-    ref = hf(cache=cache, decoder_input_ids=canvas).logits.float()
+    out = hf.model.encoder(input_ids=prompt, cache=cache)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+    try:
+        ref = hf(cache=cache, decoder_input_ids=canvas).logits.float()
+    except ValueError:  # older transformers 5.x name the cache argument past_key_values
+        ref = hf(past_key_values=cache, decoder_input_ids=canvas).logits.float()
     rt.prefill(prompt)
     got = rt._embed_forward(canvas, rt.lim_canvas, rt._slots(P + K), None, rt.where).float()
     err = float((got - ref).abs().max()) / float(ref.abs().max())
