@@ -191,13 +191,14 @@ def hf_parity(hf, rt, prompt) -> str:
     from transformers.cache_utils import DynamicCache  # noqa: PLC0415
     P, K = prompt.shape[1], rt.K
     canvas = torch.randint(0, rt.mcfg.vocab_size, (1, K), generator=torch.Generator().manual_seed(1)).to(prompt.device)
+    import inspect  # noqa: PLC0415
+
+    def cache_kw(fn):  # transformers 5.24 names the argument `cache`; older 5.x `past_key_values`
+        return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
     cache = DynamicCache(config=hf.config.get_text_config(decoder=True))
-    out = hf.model.encoder(input_ids=prompt, cache=cache)
+    out = hf.model.encoder(input_ids=prompt, **{cache_kw(hf.model.encoder.forward): cache})
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
-    try:
-        ref = hf(cache=cache, decoder_input_ids=canvas).logits.float()
-    except ValueError:  # older transformers 5.x name the cache argument past_key_values
-        ref = hf(past_key_values=cache, decoder_input_ids=canvas).logits.float()
+    ref = hf(decoder_input_ids=canvas, **{cache_kw(hf.forward): cache}).logits.float()
     rt.prefill(prompt)
     got = rt._embed_forward(canvas, rt.lim_canvas, rt._slots(P + K), None, rt.where).float()
     err = float((got - ref).abs().max()) / float(ref.abs().max())
