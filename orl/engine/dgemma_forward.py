@@ -27,7 +27,6 @@ Shapes: T new tokens, S attended cache slots, D hidden, H heads, E experts, V vo
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.layers import apply_rope, rope_cos_sin, soft_cap
-from .forward import rms_norm
+from .forward import bake_io, rms_norm
 from .moe import MoEWeights, bake_moe, moe_bytes, moe_mlp, pick_backend, route
 
 
@@ -116,12 +115,7 @@ def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backe
             ln_post_ff2=cast(layer.post_feedforward_layernorm_2.weight),
             ln_post_ff=cast(layer.post_feedforward_layernorm.weight),
             scalar=cast(layer.layer_scalar), canvas_scalar=cast(layer.canvas_layer_scalar)))
-    embed = cast(model.model.embed_tokens.weight)
-    tied = model.lm_head.weight is model.model.embed_tokens.weight
-    lm_head = embed if tied else cast(model.lm_head.weight)
-    pathway = None
-    if model.residual_pathway is not None:
-        pathway = copy.deepcopy(model.residual_pathway).to(dtype).eval()
+    embed, lm_head, pathway = bake_io(model, cast, dtype)
     pos = torch.arange(max_len, device=embed.device)[None]
     rope = {}
     for kind in sorted(set(cfg.layer_types)):

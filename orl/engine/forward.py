@@ -98,6 +98,18 @@ def check_supported(cfg) -> None:
                                   f"this config has {', '.join(bad)}. Decode it with orl.decode.decode instead.")
 
 
+def bake_io(model, cast, dtype: torch.dtype):
+    """(embed, lm_head, pathway) of ``model`` for inference: the tied LM head shares the embedding
+    (no copy); the residual pathway is a cast copy of the model's module (None without one)."""
+    embed = cast(model.model.embed_tokens.weight)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    lm_head = embed if tied else cast(model.lm_head.weight)
+    pathway = None
+    if model.residual_pathway is not None:
+        pathway = copy.deepcopy(model.residual_pathway).to(dtype).eval()
+    return embed, lm_head, pathway
+
+
 @torch.no_grad()
 def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backend: str = "auto") -> Baked:
     """Inference weights of ``model`` in ``dtype`` (default: the model's), on the model's device.
@@ -121,12 +133,7 @@ def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backe
             o=cast(a.o_proj.weight), ln2=cast(layer.post_attention_layernorm.weight),
             gate_up=None if moe else cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
             down=None if moe else cast(m.down_proj.weight), moe=bake_moe(moe, cast) if moe else None))
-    embed = cast(model.model.embed_tokens.weight)
-    tied = model.lm_head.weight is model.model.embed_tokens.weight
-    lm_head = embed if tied else cast(model.lm_head.weight)
-    pathway = None
-    if model.residual_pathway is not None:
-        pathway = copy.deepcopy(model.residual_pathway).to(dtype).eval()
+    embed, lm_head, pathway = bake_io(model, cast, dtype)
     pos = torch.arange(max_len, device=embed.device)[None]
     cos, sin = rope_cos_sin(pos, *cfg.layer_rope("full"), dtype=dtype)
     return Baked(cfg, dtype, embed, lm_head, cast(model.model.norm.weight), layers, pathway, cos[0], sin[0],
