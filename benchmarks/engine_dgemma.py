@@ -350,6 +350,14 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
         if "start_gpu" in r and mode == modes[0]:
             notes.append(f"{mode}: the folded start (previous canvas's causal encode + first round, {2 * K} tokens) "
                          f"takes {r['start_gpu'] * 1e3:.2f} ms vs {per_round * 1e3:.2f} ms for a round")
+        if mode == modes[0] and device.type == "cuda":  # where one round's GPU time goes (eager round)
+            try:
+                prof = h.profile_round(rt, P, K)
+                notes.append("one round, run eagerly, GPU time by kernel kind: "
+                             + "; ".join(f"{k} {n} kernels {ms} ms" for k, n, ms in prof))
+                h.LOG["dgemma_profile"] = prof
+            except Exception as exc:  # noqa: BLE001 - a profile must not end the benchmark
+                notes.append(f"profile failed: {type(exc).__name__}: {exc}")
         h.LOG.setdefault("dgemma_speed", []).append(rows[-1] + [r["setup_s"], r.get("start_gpu")])
         h.say("  " + " | ".join(str(x) for x in rows[-1]) + f" | setup {r['setup_s']:.1f} s")
         del rt, r
