@@ -159,3 +159,14 @@ def test_overrides_parse_values_by_field():
     assert cfg.task_kwargs["shuffle"] == 0.5
     with pytest.raises(ValueError, match="no field 'nope'"):
         apply_overrides(cfg, ["loss.nope=1"])
+
+
+def test_lr_schedule():
+    from orl.train.loop import ORLConfig, lr_factor
+    c = ORLConfig(steps=105, warmup=5, lr_schedule="linear", lr_final=0.1)
+    assert [lr_factor(i, c) for i in range(5)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert lr_factor(5, c) == pytest.approx(1.0) and lr_factor(104, c) == pytest.approx(0.1)
+    assert lr_factor(55, c) == pytest.approx(1 - 0.9 * 50 / 99)
+    assert lr_factor(104, ORLConfig(steps=105, warmup=5)) == 1.0
+    with pytest.raises(ValueError, match="lr_schedule"):
+        lr_factor(0, ORLConfig(lr_schedule="cosine"))

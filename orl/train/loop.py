@@ -40,6 +40,8 @@ class ORLConfig:
     group_size: int = 8               # G rollouts per prompt
     lr: float = 1e-4
     warmup: int = 5                   # linear LR warm-up steps (Adam's first steps are sign-like)
+    lr_schedule: str = "constant"     # after warm-up: "constant", or "linear" decay to lr_final * lr at the end
+    lr_final: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     states_per_response: int = 8      # selection budget                                          [G]
@@ -58,6 +60,19 @@ class ORLConfig:
     out: str = "runs/orl"
     save_every: int = 25
     log_every: int = 1
+
+
+def lr_factor(step: int, cfg: ORLConfig) -> float:
+    """LR multiplier of optimizer step ``step`` (0-based): linear warm-up over ``cfg.warmup`` steps,
+    then constant or a linear decay reaching ``cfg.lr_final`` at the last step. A function of the
+    step alone, so a resumed run follows the same schedule."""
+    if cfg.lr_schedule not in ("constant", "linear"):
+        raise ValueError(f"lr_schedule must be 'constant' or 'linear', got {cfg.lr_schedule!r}")
+    f = min(1.0, (step + 1) / max(cfg.warmup, 1))
+    if cfg.lr_schedule == "linear" and step >= cfg.warmup:
+        span = max(cfg.steps - 1 - cfg.warmup, 1)
+        f *= 1.0 - (1.0 - cfg.lr_final) * min(1.0, (step - cfg.warmup) / span)
+    return f
 
 
 def _world():
@@ -109,7 +124,7 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
     while step < cfg.steps:
         t0 = time.time()
         for g_ in opt.param_groups:
-            g_["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
+            g_["lr"] = cfg.lr * lr_factor(step, cfg)
         if behaviour is not None and step % cfg.stale_every == 0:
             behaviour.load_state_dict(model.state_dict())
         policy = behaviour if behaviour is not None else model
