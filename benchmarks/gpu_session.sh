@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 ( timeout $LIMIT python benchmarks/orl_gpu.py --out /tmp/gpu --size medium --sft-steps ${SFT_STEPS:-1500} \
-    --orl-steps ${ORL_STEPS:-150} ${GPU_ORL_SETS:-} > "$OUT/orl_gpu.log" 2>&1
+    ${ORL_STEPS:+--orl-steps $ORL_STEPS} ${GPU_ORL_SETS:-} > "$OUT/orl_gpu.log" 2>&1
   cp /tmp/gpu/summary.json "$OUT/orl_gpu_summary.json" 2>/dev/null
   cp /tmp/gpu/orl/metrics.jsonl "$OUT/orl_gpu_metrics.jsonl" 2>/dev/null ) &
 args=(); for v in "$@"; do args+=(--variant "$v"); done

@@ -1,6 +1,6 @@
 """The demo's recipe at a larger model size on one GPU: SFT -> eval -> ORL -> eval, one command.
 
-    python benchmarks/orl_gpu.py --out runs/gpu --size medium [--sft-steps 2000] [--orl-steps 150]
+    python benchmarks/orl_gpu.py --out runs/gpu --size medium [--sft-steps 2000] [--orl-steps N]
 
 Same task, decoder and ORL objective as `orl demo`; the model is the named size ``--size`` of the
 sdar family, trained and decoded on CUDA. Prints a before/after table and writes summary.json.
@@ -21,7 +21,7 @@ def main() -> None:
     ap.add_argument("--size", default="medium")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sft-steps", type=int, default=2000)
-    ap.add_argument("--orl-steps", type=int, default=150)
+    ap.add_argument("--orl-steps", type=int, default=None, help="default: the recipe's (orl_arith)")
     ap.add_argument("--n-eval", type=int, default=500)
     ap.add_argument("--set-orl", action="append", default=[])
     a = ap.parse_args()
@@ -44,7 +44,9 @@ def main() -> None:
     if not os.path.exists(os.path.join(start, "config.json")):
         make_orl_start(base_dir, start, 8.0)
     orl = apply_overrides(orl_arith(start, os.path.join(a.out, "orl")), a.set_orl)
-    orl.device, orl.steps, orl.eval_every = a.device, a.orl_steps, 0
+    orl.device, orl.eval_every = a.device, 0
+    if a.orl_steps is not None:
+        orl.steps = a.orl_steps
     base = _eval_on(base_dir, task, a.n_eval, orl.eval_decode, a.device)
     t1 = time.time()
     final = train_orl(orl, quiet=True)
@@ -53,7 +55,7 @@ def main() -> None:
     keys = ("accuracy", "tpf", "tpf_no_commit", "steps_per_block")
     summary = {"size": a.size, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                "torch": torch.__version__, "base": {k: base[k] for k in keys}, "orl": {k: after[k] for k in keys},
-               "n_eval": a.n_eval, "sft_steps": a.sft_steps, "orl_steps": a.orl_steps,
+               "n_eval": a.n_eval, "sft_steps": a.sft_steps, "orl_steps": orl.steps,
                "sft_seconds": t_sft, "orl_seconds": t_orl, "params": sum(p.numel() for p in
                                                                           __import__("orl.model", fromlist=["x"]).load_pretrained(final).parameters())}
     json.dump(summary, open(os.path.join(a.out, "summary.json"), "w"), indent=2)
