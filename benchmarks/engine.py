@@ -48,13 +48,17 @@ OUT_LINES: list[str] = []
 
 
 OUT_DIR = ["."]
+RESULTS_FILE = ["engine_results.md"]   # the other benchmark scripts set their own name
+QUIET = [False]                        # e.g. every rank but 0 under torchrun
 
 
 def say(line: str = "") -> None:
     """Print, and rewrite the results file so a run stopped part-way keeps what it measured."""
+    if QUIET[0]:
+        return
     print(line, flush=True)
     OUT_LINES.append(line)
-    with open(os.path.join(OUT_DIR[0], "engine_results.md"), "w") as f:
+    with open(os.path.join(OUT_DIR[0], RESULTS_FILE[0]), "w") as f:
         f.write("\n".join(OUT_LINES) + "\n")
 
 

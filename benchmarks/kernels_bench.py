@@ -40,15 +40,7 @@ from orl.engine.parity import compare_decode, teacher_forced  # noqa: E402
 from orl.engine.runtime import Runtime  # noqa: E402
 from orl.model import build_model, get_config  # noqa: E402
 
-LINES: list[str] = []
-OUT = ["."]
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-    with open(os.path.join(OUT[0], "kernels_results.md"), "w") as f:
-        f.write("\n".join(LINES) + "\n")
+say = E.say
 
 
 def graph_time(fn, n_calls: int) -> float:
@@ -309,7 +301,7 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true", help="time only the heuristic GEMM tiles")
     ap.add_argument("--no-round", action="store_true", help="skip the whole-round section")
     args = ap.parse_args()
-    OUT[0] = args.out
+    E.OUT_DIR[0], E.RESULTS_FILE[0] = args.out, "kernels_results.md"
     os.makedirs(args.out, exist_ok=True)
     if not torch.cuda.is_available():
         sys.exit("kernels_bench.py needs a CUDA GPU")

@@ -32,17 +32,7 @@ from orl.engine.runtime import Runtime  # noqa: E402
 from orl.model import build_model, get_config  # noqa: E402
 
 RANK, WORLD = 0, 1
-LINES: list[str] = []
-OUT = ["."]
-
-
-def say(line: str = "") -> None:
-    if RANK != 0:
-        return
-    print(line, flush=True)
-    LINES.append(line)
-    with open(os.path.join(OUT[0], "tp_results.md"), "w") as f:
-        f.write("\n".join(LINES) + "\n")
+say = E.say   # main() names tp_results.md and silences every rank but 0
 
 
 def modes() -> list[str]:
@@ -144,7 +134,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("tp_bench.py needs CUDA GPUs (the CPU path is tested in tests/test_engine_tp.py)")
     RANK, WORLD, dev = tp.setup()
-    OUT[0] = args.out
+    E.OUT_DIR[0], E.RESULTS_FILE[0], E.QUIET[0] = args.out, "tp_results.md", RANK != 0
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     say(f"# Tensor-parallel engine benchmark\n\n{WORLD} x {torch.cuda.get_device_name()} · "
