@@ -161,19 +161,14 @@ class DGemmaRuntime(Runtime):
             self.counter.copy_(counter)
         return g
 
-    # --------------------------------------------------------------- public API
-    @torch.no_grad()
-    def prefill(self, prompt: torch.Tensor) -> None:
-        """Reset the runtime to ``prompt`` (P,) or (1, P) int64, encoded causally into the cache."""
-        prompt = prompt.view(1, -1).to(self.device)
+    def _prefill_forward(self, prompt: torch.Tensor) -> None:
+        """The prompt encoded causally (DiffusionGemma's encoder mode) into the cache from slot 0."""
         P = prompt.shape[1]
-        self._slots(P + self.K)
-        self.cache_len.zero_()
         lim = torch.arange(1, P + 1, device=self.device)
         rows = torch.zeros(1, P, dtype=torch.bool, device=self.device)
         DF.forward(self.w, F_.embed(self.w, prompt), self.cache_len, lim, lim - 1, rows, self.kv, P, logits_from=None)
-        self.cache_len.fill_(P)
-        self.length, self.pending = P, False
+
+    # --------------------------------------------------------------- public API
 
     @torch.no_grad()
     def decode(self, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,

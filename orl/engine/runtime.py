@@ -326,11 +326,16 @@ class Runtime:
         P = prompt.shape[1]
         self._slots(P + self.K)
         self.cache_len.zero_()
-        lim = torch.arange(1, P + 1, device=self.device)  # prompt tokens: one block each = causal
-        h = F_.embed(self.w, prompt)
-        F_.forward(self.w, h, self.cache_len, lim, self.kv, P, logits_from=None, kernels=self._kernels)  # eager
+        self._prefill_forward(prompt)  # eager
         self.cache_len.fill_(P)
         self.length, self.pending = P, False
+
+    def _prefill_forward(self, prompt: torch.Tensor) -> None:
+        """The prompt's keys/values into the cache from slot 0 (prompt tokens: one block each = causal)."""
+        P = prompt.shape[1]
+        lim = torch.arange(1, P + 1, device=self.device)
+        F_.forward(self.w, F_.embed(self.w, prompt), self.cache_len, lim, self.kv, P, logits_from=None,
+                   kernels=self._kernels)
 
     @torch.no_grad()
     def generate_block(self) -> tuple[list[int], int]:
