@@ -261,32 +261,93 @@ def hf_forward(cfg, K, P) -> float | None:
     return t
 
 
-def profile_round(rt, P, K) -> list[list]:
-    """GPU time of one round run eagerly, by kernel kind (profiler; launch gaps not counted)."""
+def _kind(name: str) -> str:
+    n = name.lower()
+    return ("MoE grouped experts (orl triton)" if n.startswith("orl_moe") else
+            "attention" if any(s in n for s in ("fmha", "attention", "flash", "attn")) else
+            "gemm" if any(s in n for s in ("gemm", "cutlass", "sm90", "nvjet", "xmma")) else
+            "norm / rope (orl triton)" if any(s in n for s in ("_add_norm", "_qk_rope")) else
+            "inductor-fused (triton)" if n.startswith("triton") else
+            "softmax/argmax/sort/reduce" if any(s in n for s in ("softmax", "argmax", "sort", "reduce")) else
+            "elementwise/other")
+
+
+def profile_round(rt, P, K, graph: bool = True, round_s: float | None = None, top: int = 8) -> list[list]:
+    """Where one round's GPU time goes: kernels grouped by kind (rows [kind, count, ms]), then the
+    ``top`` costliest kernels, then, for a replayed graph, the GPU time between kernels (round time
+    minus the sum of kernel times: launch gaps, tails and waits). ``graph``: replay the round's CUDA
+    graph as timed (compiled / Triton kernels as they run); else one eager round."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
     S = rt._slots(P + 2 * K)
     rt.truncate(P)
+    reps = 3 if graph else 1
+    if graph:
+        g = rt._graph("round", False, S)
+        run = g.replay
+    else:
+        def run():
+            rt._round(S)
     for _ in range(2):
-        rt._round(S)
+        run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        rt._round(S)
+        for _ in range(reps):
+            run()
         torch.cuda.synchronize()
     kinds: dict[str, list] = {}
+    names: dict[str, list] = {}
+    total = 0.0
     for e in prof.events():
         if e.device_type.name != "CUDA":
             continue
-        n = e.name.lower()
-        kind = ("MoE grouped experts (orl triton)" if n.startswith("orl_moe") else
-                "attention" if any(s in n for s in ("fmha", "attention", "flash")) else
-                "gemm" if any(s in n for s in ("gemm", "cutlass", "sm90", "nvjet", "xmma")) else
-                "inductor-fused (triton)" if n.startswith("triton") else
-                "softmax/argmax/sort/reduce" if any(s in n for s in ("softmax", "argmax", "sort", "reduce")) else
-                "elementwise/other")
-        k = kinds.setdefault(kind, [0, 0.0])
-        k[0] += 1
-        k[1] += (e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total) / 1e3
-    return [[k, v[0], f"{v[1]:.3f}"] for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][1])]
+        ms = (e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total) / 1e3 / reps
+        for d, key in ((kinds, _kind(e.name)), (names, e.name[:70])):
+            k = d.setdefault(key, [0, 0.0])
+            k[0] += 1 / reps
+            k[1] += ms
+        total += ms
+    if not kinds:
+        raise RuntimeError("the profiler saw no kernels" + (" in the graph replay" if graph else ""))
+    rows = [[k, round(v[0]), f"{v[1]:.3f}"] for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][1])]
+    rows.append(["**all kernels**", round(sum(v[0] for v in kinds.values())), f"{total:.3f}"])
+    if graph and round_s is not None:
+        rows.append(["**between kernels** (round GPU time - kernel time)", "-", f"{round_s * 1e3 - total:.3f}"])
+    rows += [[f"top: `{k}`", round(v[0]), f"{v[1]:.3f}"] for k, v in
+             sorted(names.items(), key=lambda kv: -kv[1][1])[:top]]
+    return rows
+
+
+def round_flops(w, M: int, S: int, route_ids: list | None = None) -> float:
+    """Matmul FLOPs of one forward over M rows attending to S slots: every 2-D weight 2 M per
+    element; MoE experts 2 per element per (token, expert) assignment (``route_ids`` one (M, k)
+    tensor per MoE layer, else k per token); attention 4 M S H hd per layer; DiffusionGemma's
+    self-conditioning soft embedding (probs @ E) once more the LM head's."""
+    c = w.cfg
+    f = 2.0 * M * w.lm_head.numel() * (2 if hasattr(w, "rope") else 1)
+    ids = iter(route_ids or [])
+    for lw in w.layers:
+        for name, t in lw._asdict().items():
+            if isinstance(t, torch.Tensor) and t.dim() == 2:
+                f += 2.0 * M * t.numel()
+        moe = getattr(lw, "moe", None)
+        if moe is not None:
+            r = next(ids, None)
+            assign = r.numel() if r is not None else M * c.num_experts_per_tok
+            f += sum(2.0 * M * t.numel() for t in (moe.router, moe.shared_gate_up, moe.shared_down) if t is not None)
+            f += 2.0 * assign * (moe.gate_up[0].numel() + moe.down[0].numel())
+        f += 4.0 * M * S * c.num_heads * c.head_dim
+    return f
+
+
+def floor_of(w, M: int, S: int, wbytes: float, route_ids: list | None = None) -> tuple[float, str]:
+    """(floor seconds, how it was found): max(weight bytes / copy bandwidth, matmul FLOPs / bf16
+    rate), both ceilings measured in this run (LOG)."""
+    t_bytes = wbytes / LOG["copy_bw"]
+    flops = round_flops(w, M, S, route_ids)
+    t_flops = flops / LOG["bf16_tflops"]
+    how = (f"max(bytes {wbytes / 1e9:.3f} GB / {LOG['copy_bw'] / 1e12:.2f} TB/s = {t_bytes * 1e3:.3f} ms, "
+           f"matmul {flops / 1e12:.3f} TFLOP / {LOG['bf16_tflops'] / 1e12:.0f} TFLOP/s = {t_flops * 1e3:.3f} ms)")
+    return max(t_bytes, t_flops), how
 
 
 def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
@@ -301,36 +362,50 @@ def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
     if kernels != "torch":  # the Triton forward (orl.engine.kernels): nothing to compile
         triton_rows = [("while", False, "triton"), ("graph", False, "triton")]
         variants = triton_rows if kernels == "triton" else variants[:1] + triton_rows + variants[1:]
-    for K, steps_list in ((32, (32, 8)), (256, (16,))):
+    if QUICK:  # the best paths only (ORL_BENCH_PDL=1 adds the Triton forward with programmatic dependent launch)
+        variants = ([("while", True)] if kernels != "triton" else []) + \
+            ([("while", False, "triton")] if kernels != "torch" else []) + \
+            ([("while", False, "triton-pdl")] if kernels != "torch" and os.environ.get("ORL_BENCH_PDL") else [])
+    for K, steps_list in ((32, (32,) if QUICK else (32, 8)), (256, (16,))):
         probe = Runtime(model, K, mode="eager", max_len=P + 4 * K)
         wbytes = probe.w.weight_bytes()
         kv_bytes = probe.kv.bytes_per_slot() * (P + 2 * K)
-        floor = wbytes / bw
+        floor, how = floor_of(probe.w, K, P + K, wbytes)
         t_mm = gemm_chain(probe, K)
         del probe
         torch.cuda.empty_cache()
-        notes.append(f"K={K}: weight bytes {wbytes / 1e9:.3f} GB; floor {floor * 1e3:.3f} ms at {bw / 1e12:.2f} TB/s "
+        notes.append(f"K={K}: floor {floor * 1e3:.3f} ms = {how}; weight bytes {wbytes / 1e9:.3f} GB "
                      f"(+ KV of {P + 2 * K} slots, {kv_bytes / 1e6:.0f} MB: {(wbytes + kv_bytes) / bw * 1e3:.3f} ms); "
                      f"the round's matmuls alone (stock cuBLAS, one graph): {t_mm * 1e3:.3f} ms = "
                      f"{t_mm / floor:.2f}x floor, {wbytes / t_mm / 1e12:.2f} TB/s")
         say(notes[-1])
         for steps in steps_list:
-            ref_t, ref_rounds = reference_round(model, prompt, K, steps)
-            rows.append([K, "(a) reference decoder, eager", ref_rounds, f"{ref_t * 1e3:.2f}", f"{ref_t / floor:.2f}",
-                         f"{wbytes / ref_t / 1e9:.0f}", f"{ref_t * (ref_rounds + 1) * 1e3:.1f}", "-"])
-            say("  " + " | ".join(str(x) for x in rows[-1]))
+            if not QUICK:
+                ref_t, ref_rounds = reference_round(model, prompt, K, steps)
+                rows.append([K, "(a) reference decoder, eager", ref_rounds, f"{ref_t * 1e3:.2f}",
+                             f"{ref_t / floor:.2f}", f"{wbytes / ref_t / 1e9:.0f}",
+                             f"{ref_t * (ref_rounds + 1) * 1e3:.1f}", "-"])
+                say("  " + " | ".join(str(x) for x in rows[-1]))
             for mode, comp, *kern in variants:
                 kern = kern[0] if kern else "torch"
                 if mode == "while" and "while" not in MODES:
                     continue
+                pdl = os.environ.get("ORL_PDL")
+                if kern == "triton-pdl":
+                    os.environ["ORL_PDL"] = "1"
                 try:
-                    r = ours(model, prompt, K, steps, mode, comp, kernels=kern)
+                    r = ours(model, prompt, K, steps, mode, comp, kernels=kern.removesuffix("-pdl"))
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     say(f"  {mode}{' + compile' if comp else ''} ({kern}) failed: {type(exc).__name__}: {exc}")
                     continue
+                finally:
+                    if pdl is None:
+                        os.environ.pop("ORL_PDL", None)
+                    else:
+                        os.environ["ORL_PDL"] = pdl
                 n = r["rounds"]
                 name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "") + \
-                    (" + Triton kernels" if kern != "torch" else "")
+                    (" + Triton kernels" if kern == "triton" else " + Triton kernels + PDL" if kern != "torch" else "")
                 per_round = r.get("round_gpu", r["block_wall"] / n)
                 over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
                     (r["block_wall"] / n - per_round if mode == "graph" else None)
@@ -344,9 +419,9 @@ def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
                                  f"{2 * K} tokens) takes {r['start_gpu'] * 1e3:.3f} ms vs {per_round * 1e3:.3f} ms "
                                  f"for a round: the commit costs {(r['start_gpu'] - per_round) * 1e3:.3f} ms "
                                  "instead of a whole forward")
-                if K == 32 and steps == steps_list[0] and mode in ("while", "eager") and name not in profs:
+                if steps == steps_list[0] and mode == "while":  # the timed round graph, as it runs
                     try:
-                        profs[name] = profile_round(r["rt"], P, K)
+                        profs[f"K={K}: {name}"] = profile_round(r["rt"], P, K, round_s=per_round)
                     except Exception as exc:  # noqa: BLE001
                         say(f"  profile failed: {exc}")
                 del r
@@ -373,11 +448,12 @@ def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
     table(["K", "variant", "rounds/block", "per round ms", "x floor", "weight GB/s", "block ms", "host overhead us/round"],
           rows)
     for name, prof_rows in profs.items():
-        say(f"### One round (K=32) of {name}, run eagerly: GPU time by kernel kind\n")
+        say(f"### One round, {name}: GPU time by kernel kind (profiler over replays of the round's graph)\n")
         table(["kind", "kernels", "ms"], prof_rows)
 
 
 MODES: list[str] = []
+QUICK: list[bool] = []   # --quick: best paths only (no reference decoder, no eager / uncompiled rows)
 
 
 def main() -> None:
@@ -389,6 +465,8 @@ def main() -> None:
                     help="comma-separated: sdar (Qwen3-4B shape, the default), llada (LLaDA-2.1-mini MoE shape), "
                          "dgemma (DiffusionGemma 26B-A4B shape, 256-token canvas)")
     ap.add_argument("--no-ref", action="store_true", help="skip the reference decoder in the llada section")
+    ap.add_argument("--quick", action="store_true",
+                    help="Qwen3 speed section: only the best paths (compiled / Triton WHILE loop), no reference")
     ap.add_argument("--kernels", choices=["torch", "triton", "both"], default="torch",
                     help="speed section: the PyTorch forward (default), the Triton kernels "
                          "(orl.engine.kernels) only, or both")
@@ -398,6 +476,8 @@ def main() -> None:
     if bad:
         ap.error(f"unknown families {bad}; choose from sdar, llada, dgemma")
     OUT_DIR[0] = args.out
+    if args.quick:
+        QUICK.append(True)
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     ok, why = conditional_nodes_available()

@@ -307,7 +307,7 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
     if device.type == "cuda":
         h.say(f"- GPU memory after building: {torch.cuda.memory_allocated() / 1e9:.1f} GB allocated")
     prompt = torch.randint(0, cfg.vocab_size, (1, P), generator=torch.Generator().manual_seed(0)).to(device)
-    rows, notes, floor, wbytes, best = [], [], None, None, None
+    rows, notes, floor, wbytes, best, profs = [], [], None, None, None, {}
     extra = [m for m in os.environ.get("DG_MODES", "").split(",") if m]   # e.g. DG_MODES=while+compile
     for mode in (modes + extra + ["eager"]) if device.type == "cuda" else ["eager"]:
         try:
@@ -320,12 +320,12 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
             ids = routed_experts(rt, P)
             touched = [int(torch.unique(i).numel()) for i in ids]
             wbytes, all_bytes = rt.w.weight_bytes(ids), rt.w.weight_bytes()
-            floor = wbytes / bw
+            floor, how = h.floor_of(rt.w, K, P + K, wbytes, ids)
             kv_bytes = rt.kv.bytes_per_slot() * (P + 2 * K)
             notes.append(f"experts touched by one round ({K} tokens x top-{cfg.num_experts_per_tok}), per layer: "
                          f"{touched} (mean {statistics.mean(touched):.1f} of {cfg.num_experts})")
             notes.append(f"weight bytes of a round {wbytes / 1e9:.2f} GB (all experts: {all_bytes / 1e9:.2f} GB); "
-                         f"floor {floor * 1e3:.2f} ms at {bw / 1e12:.2f} TB/s (+ KV of {P + 2 * K} slots, "
+                         f"floor {floor * 1e3:.2f} ms = {how} (+ KV of {P + 2 * K} slots, "
                          f"{kv_bytes / 1e6:.0f} MB: {(wbytes + kv_bytes) / bw * 1e3:.2f} ms); the self-conditioning "
                          f"soft embedding reads E ({rt.w.embed.numel() * 2 / 1e9:.2f} GB) a second time; MoE backend "
                          f"{rt.w.moe_backend}")
@@ -350,12 +350,11 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
         if "start_gpu" in r and mode == modes[0]:
             notes.append(f"{mode}: the folded start (previous canvas's causal encode + first round, {2 * K} tokens) "
                          f"takes {r['start_gpu'] * 1e3:.2f} ms vs {per_round * 1e3:.2f} ms for a round")
-        if mode == modes[0] and device.type == "cuda":  # where one round's GPU time goes (eager round)
+        if mode.startswith("while") and device.type == "cuda":  # the timed round graph, as it runs
             try:
-                prof = h.profile_round(rt, P, K)
-                notes.append("one round, run eagerly, GPU time by kernel kind: "
-                             + "; ".join(f"{k} {n} kernels {ms} ms" for k, n, ms in prof))
-                h.LOG["dgemma_profile"] = prof
+                prof = h.profile_round(rt, P, K, round_s=per_round)
+                profs[mode] = prof
+                h.LOG.setdefault("dgemma_profile", {})[mode] = prof
             except Exception as exc:  # noqa: BLE001 - a profile must not end the benchmark
                 notes.append(f"profile failed: {type(exc).__name__}: {exc}")
         h.LOG.setdefault("dgemma_speed", []).append(rows[-1] + [r["setup_s"], r.get("start_gpu")])
@@ -387,6 +386,10 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
           "wall time minus its prefill. Host overhead: (canvas wall - canvas GPU time) / rounds for 'while'.\n")
     h.table(["variant", "rounds/canvas", "per round ms", "x floor", "weight GB/s", "canvas ms",
              "host overhead us/round"], rows)
+    for mode, prof in profs.items():
+        h.say(f"### One DiffusionGemma round, {mode}: GPU time by kernel kind (profiler over replays of the "
+              "round's graph)\n")
+        h.table(["kind", "kernels", "ms"], prof)
     del model, hf
     if device.type == "cuda":
         torch.cuda.empty_cache()

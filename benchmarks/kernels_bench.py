@@ -19,7 +19,9 @@ Prints markdown and writes DIR/kernels_results.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import os
 import sys
 import traceback
@@ -61,22 +63,18 @@ SHAPES = [("qkv", 6144, 2560, False), ("o", 2560, 4096, False), ("gate_up", 9728
 
 
 def sweep_configs(M: int, N: int, K: int, gated: bool) -> list:
-    """A handful of plausible tiles around the heuristic (each costs a Triton compile)."""
+    """Plausible tiles around the heuristic (each costs a Triton compile). Only M <= 64 is swept:
+    from ``TritonKernels.cublas_min_m`` rows on, plain GEMMs go to cuBLAS."""
     base = Kn.gemm_config(M, N, K, gated)
     out = [base]
     if M <= 64:
         bm = base.BM
-        for bn, bk, split, w, st in ((32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (64, 256, 1, 4, 3), (128, 128, 1, 4, 4),
-                                     (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (32, 256, 2, 4, 3), (128, 64, 2, 4, 5)):
-            if gated and (split > 1 or bn > 64):
-                continue
-            out.append(Kn.GemmConfig(bm, bn, bk, split, w, st))
-    else:
-        for bm, bn, bk, split, w, st in ((128, 128, 64, 1, 8, 3), (128, 128, 64, 2, 8, 3), (64, 128, 64, 1, 4, 4),
-                                         (128, 256, 64, 1, 8, 3), (128, 64, 64, 1, 4, 4), (256, 128, 64, 1, 8, 3)):
-            if gated and (split > 1 or bn > 128):
-                continue
-            out.append(Kn.GemmConfig(bm, bn, bk, split, w, st))
+        for bn in (16, 32, 64, 128):
+            for bk, st in ((128, 4), (256, 3)):
+                for split in (1, 2, 4, 8):
+                    if (gated and (split > 1 or bn > 64)) or (bn == 16 and not gated) or (bk != 128 and split > 4):
+                        continue
+                    out.append(Kn.GemmConfig(bm, bn, bk, split, 4, st))
     seen, uniq = set(), []
     for c in out:
         if c not in seen and (c.SPLIT == 1 or (-(-K // c.BK)) % c.SPLIT == 0):
@@ -93,7 +91,7 @@ def gemms(ops, bw: float, do_sweep: bool) -> None:
     say("| GEMM | M | config | ours us | ours GB/s | ours x floor | torch us | torch GB/s | torch x floor | "
         "err ours | err torch |")
     say("|---|---|---|---|---|---|---|---|---|---|---|")
-    suggestions = []
+    suggestions, table_rows = [], []
     for name, N, K, gated in SHAPES:
         Nw = 2 * N if gated else N
         wbytes = Nw * K * 2
@@ -141,6 +139,8 @@ def gemms(ops, bw: float, do_sweep: bool) -> None:
                         f"{err_o:.1e} | {err_t:.1e} |")
                     if err_o < 2e-2 and (best is None or t < best[0]):
                         best = (t, cfg)
+                if best is not None and M <= 64:
+                    table_rows.append(dict(N=N, K=K, gated=gated, m_max=M, cfg=dataclasses.asdict(best[1])))
                 if best is not None:
                     suggestions.append(f"    ({N}, {K}, {gated}): [({M if M <= 64 else 512}, Kn.{best[1]})],  "
                                        f"# {name} M={M}: {best[0] * 1e6:.1f} us")
@@ -148,6 +148,12 @@ def gemms(ops, bw: float, do_sweep: bool) -> None:
                 say(f"| {name} | {M} | failed: {type(exc).__name__}: {exc} |")
         Ws = None  # free the copies before the next shape
         torch.cuda.empty_cache()
+    if table_rows:  # the rest of this run (and later runs: ORL_GEMM_TABLE=path) use the measured tiles
+        path = os.path.join(E.OUT_DIR[0], "gemm_table.json")
+        with open(path, "w") as f:
+            json.dump(table_rows, f, indent=1)
+        Kn.load_table(path)
+        say(f"\nMeasured tiles for M = 32 written to {path} and used by the rest of this run.\n")
     say("\nBest config per shape and M (paste into `TABLE` in orl/engine/kernels.py, merging the M entries of "
         "a shape into one increasing list):\n")
     say("```")
@@ -158,8 +164,8 @@ def gemms(ops, bw: float, do_sweep: bool) -> None:
 
 def attention(ops) -> None:
     say("## Attention over the static cache (32 q heads, 8 KV heads, hd 128, bf16), per layer\n")
-    say("| K | S | ours split | ours us | torch SDPA us | max abs err vs fp32 (ours / torch) |")
-    say("|---|---|---|---|---|---|")
+    say("| K | S | ours BR / BS / warps | ours split | ours us | torch SDPA us | max abs err vs fp32 (ours / torch) |")
+    say("|---|---|---|---|---|---|---|")
     c = ops.cfg
     H, Hkv, hd, P = c.num_heads, c.num_kv_heads, c.head_dim, 512
     for K, S in ((32, 640), (256, 1024)):
@@ -181,14 +187,19 @@ def attention(ops) -> None:
             return o.reshape(1, H, K, hd).transpose(1, 2).reshape(K, H * hd)
         err_t = (torch_att(kc, vc).float() - ref).abs().max().item()
         t_torch = graph_time(lambda: [torch_att(k, v) for k, v in caches], 36)
-        for split in (None, 1, 2, 4, 8):
-            try:
-                err = (ops.attention(q, kc, vc, start, lim, S, split=split).float() - ref).abs().max().item()
-                t = graph_time(lambda: [ops.attention(q, k, v, start, lim, S, split=split) for k, v in caches], 36)
-                say(f"| {K} | {S} | {split or 'auto'} | {t * 1e6:.1f} | {t_torch * 1e6:.1f} | "
-                    f"{err:.1e} / {err_t:.1e} |")
-            except Exception as exc:  # noqa: BLE001
-                say(f"| {K} | {S} | {split} | failed: {type(exc).__name__}: {exc} |")
+        tiles = [dict()] + [dict(BR=br, BS=bs, warps=w) for br, bs, w in
+                            ((128, 64, 8), (128, 32, 4), (64, 128, 4), (64, 64, 8), (32, 64, 4))]
+        for tile in tiles:
+            for split in (None, 1, 2, 4, 8):
+                name = "default" if not tile else f"{tile['BR']} / {tile['BS']} / {tile['warps']}"
+                try:
+                    err = (ops.attention(q, kc, vc, start, lim, S, split=split, **tile).float() - ref).abs().max().item()
+                    t = graph_time(lambda: [ops.attention(q, k, v, start, lim, S, split=split, **tile)
+                                            for k, v in caches], 36)
+                    say(f"| {K} | {S} | {name} | {split or 'auto'} | {t * 1e6:.1f} | {t_torch * 1e6:.1f} | "
+                        f"{err:.1e} / {err_t:.1e} |")
+                except Exception as exc:  # noqa: BLE001
+                    say(f"| {K} | {S} | {name} | {split} | failed: {type(exc).__name__}: {str(exc)[:100]} |")
         assert not ops.counters.any(), "attention split counters were not reset"
         caches = None
     say()
@@ -300,6 +311,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-sweep", action="store_true", help="time only the heuristic GEMM tiles")
     ap.add_argument("--no-round", action="store_true", help="skip the whole-round section")
+    ap.add_argument("--sections", default="gemm,attention,correctness,round",
+                    help="comma-separated subset of: gemm, attention, correctness, round")
     args = ap.parse_args()
     E.OUT_DIR[0], E.RESULTS_FILE[0] = args.out, "kernels_results.md"
     os.makedirs(args.out, exist_ok=True)
@@ -317,8 +330,12 @@ def main() -> None:
     say(f"Copy bandwidth (read + write): {bw / 1e12:.2f} TB/s\n")
     cfg = get_config("sdar", "qwen3-4b", num_layers=1, layer_types=None)
     ops = Kn.TritonKernels(bake(build_model(cfg, seed=0, dtype=torch.bfloat16, device="cuda").eval(), max_len=1280))
-    for section in (lambda: gemms(ops, bw, not args.no_sweep), lambda: attention(ops), correctness,
-                    (lambda: None) if args.no_round else (lambda: rounds(bw))):
+    wanted = set(args.sections.split(",")) - ({"round"} if args.no_round else set())
+    sections = {"gemm": lambda: gemms(ops, bw, not args.no_sweep), "attention": lambda: attention(ops),
+                "correctness": correctness, "round": lambda: rounds(bw)}
+    for name, section in sections.items():
+        if name not in wanted:
+            continue
         try:
             section()
         except Exception as exc:  # noqa: BLE001 - report and go on

@@ -186,3 +186,43 @@ def test_llada_tiny_graphs_equal_eager_bitwise():
         assert out.tokens == e_out.tokens and out.steps_per_block == e_out.steps_per_block, mode
         for i in range(model.config.num_layers):
             assert torch.equal(rt.kv.k[i][:, :, :rt.length], e_rt.kv.k[i][:, :, :rt.length]), (mode, i)
+
+
+@pytest.mark.parametrize("name", ["sdar/tiny", "llada/tiny"])
+def test_llm_auto_engine_on_cuda_equals_reference(name):
+    """`LLM(engine="auto")` on CUDA sends greedy requests to the runtime (WHILE loop where the driver
+    has it) and returns the reference decoder's tokens, text and forwards (float32)."""
+    from orl import LLM
+
+    def make(engine):
+        llm = LLM(name, device="cuda", dtype="float32", engine=engine)
+        with torch.no_grad():  # a tied random model predicts the mask token; make greedy text non-empty
+            llm.model.model.embed_tokens.weight[llm.tokenizer.mask_token_id] = 0
+        return llm
+    ref, fast = make("reference"), make("auto")
+    assert fast.uses_runtime(fast.decode_config, 5)
+    for kw in (dict(max_new_tokens=40, ignore_eos=True), dict(max_new_tokens=24)):
+        a, b = ref.generate("hello", **kw), fast.generate("hello", **kw)
+        assert (a.token_ids, a.text, a.forwards, a.finish_reason) == (b.token_ids, b.text, b.forwards, b.finish_reason)
+    assert fast._runtime is not None and fast._runtime.mode in ("while", "graph")
+    assert "".join(fast.stream("hello", max_new_tokens=40, ignore_eos=True)) == \
+        fast.generate("hello", max_new_tokens=40, ignore_eos=True).text
+
+
+def test_llm_auto_engine_dgemma_on_cuda():
+    """DiffusionGemma through `LLM(engine="auto")` on CUDA: the runtime (device loop, counter RNG)
+    serves it, a seed repeats its text, and the reference decoder driven by the same counter stream
+    gives the same tokens, text and forwards (float32)."""
+    from test_llm_dgemma_engine import _key, _speaking, counter_stream
+
+    from orl.engine.dgemma import DGemmaRuntime
+    ref = _speaking("reference", device="cuda", dtype="float32")
+    fast = _speaking("auto", device="cuda", dtype="float32")
+    assert fast.uses_runtime(fast.decode_config, 5)
+    kw = dict(max_new_tokens=40, ignore_eos=True, seed=7, temperature=None)
+    b = fast.generate("hello", **kw)
+    assert isinstance(fast._runtime, DGemmaRuntime) and fast._runtime.mode in ("while", "graph")
+    assert _key(fast.generate("hello", **kw)) == _key(b)
+    with counter_stream(7):
+        a = ref.generate("hello", **kw)
+    assert _key(a) == _key(b)

@@ -64,6 +64,25 @@ def test_gemm_gated_epilogue(act):
     torch.testing.assert_close(y, ref, **TOL)
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_act_mul_and_cublas_rows(act):
+    """The cuBLAS path's one-kernel act(gate) * up equals PyTorch's three ops; on a GPU, from
+    ``cublas_min_m`` rows on, `linear` returns F.linear's result (plain) or that product (gated)."""
+    ops = _ops(hidden_act=act)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    y = torch.randn(7, 2 * 1500, device=DEV, generator=g)
+    gate, up = y.chunk(2, -1)
+    want = (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
+    torch.testing.assert_close(ops.act_mul(y), want, **TOL)
+    if DEV == "cuda":
+        ops.cublas_min_m = 4
+        x, W = torch.randn(9, 72, device=DEV, generator=g), torch.randn(80, 72, device=DEV, generator=g) / 8
+        torch.testing.assert_close(ops.linear(x, W)[0], F.linear(x, W), **TOL)
+        gate, up = F.linear(x, W).chunk(2, -1)
+        want = (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
+        torch.testing.assert_close(ops.linear(x, W, gated=True), want, **TOL)
+
+
 @pytest.mark.parametrize("split", [0, 1, 3])
 def test_add_norm(split):
     ops = _ops()

@@ -13,7 +13,7 @@ import torch
 
 from orl.decode import DecodeConfig, decode
 from orl.engine.forward import StaticKV, bake, embed, forward
-from orl.engine.moe import bake_moe, experts_torch, moe_bytes, moe_mlp, plan, route
+from orl.engine.moe import PLAN_BLOCK, bake_moe, experts_torch, moe_bytes, moe_mlp, plan, plan_triton, route
 from orl.engine.runtime import EngineConfig, Runtime
 from orl.model import build_model, get_config
 from orl.model.layers import MoE
@@ -88,6 +88,40 @@ def test_route_and_plan():
     # the floor counts only the touched experts
     per = (mw.gate_up[0].numel() + mw.down[0].numel()) * 4
     assert moe_bytes(mw, ids) == moe_bytes(mw) - (16 - n) * per
+
+
+PLAN_CASES = [  # (N, k, E, block, all ids one expert)
+    (1, 8, 256, PLAN_BLOCK, False),      # N = 1: 8 active slots of 8
+    (32, 8, 256, PLAN_BLOCK, False),     # a LLaDA-2.1-mini round: N k = E
+    (5, 4, 16, PLAN_BLOCK, False),       # N k > E
+    (3, 4, 64, PLAN_BLOCK, False),       # N k < E, most slots inactive
+    (7, 3, 5, PLAN_BLOCK, False),        # E and k not powers of two
+    (20, 4, 16, PLAN_BLOCK, True),       # every assignment to one expert
+    (1, 1, 1, PLAN_BLOCK, False),
+    (9, 2, 1, 16, False),                # E = 1, two chunks
+    (40, 8, 256, 64, False),             # five chunks, the last one full
+    (37, 3, 32, 16, True),               # chunks, one expert
+    (300, 8, 256, PLAN_BLOCK, False),    # a prefill: chunks of PLAN_BLOCK
+]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("N,k,E,block,one", PLAN_CASES)
+def test_plan_kernel_equals_plan(N, k, E, block, one):
+    """The one-program Triton layout (interpreter on CPU) == `plan`, tensor for tensor and dtype,
+    and its weights in sorted order == w[order]."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no GPU and Triton not in interpreter mode")
+    g = torch.Generator().manual_seed(N * 1000 + k * 10 + E)
+    ids = torch.full((N, k), E // 2) if one else torch.randint(0, E, (N, k), generator=g)
+    w = torch.rand(N, k, generator=g)
+    ids, w = ids.to(dev), w.to(dev)
+    got, ref = plan_triton(ids, w, E, block=block), plan(ids, E)
+    assert got["slots"] == ref["slots"] == min(E, N * k)
+    for key in ("order", "tok", "start", "count", "expert", "pos"):
+        assert got[key].dtype == ref[key].dtype and torch.equal(got[key], ref[key]), key
+    assert torch.equal(got["wsorted"], w.reshape(-1)[ref["order"]])
 
 
 def test_experts_torch_chunks_give_the_same_result():

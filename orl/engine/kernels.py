@@ -30,6 +30,7 @@ H / Hkv query / KV heads, hd head dim, N GEMM output columns.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,7 @@ import torch
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # the package works without Triton; only kernels="triton" needs it
     triton = tl = None
 
@@ -60,17 +62,44 @@ class GemmConfig:
 
 # (N, K, gated) -> [(largest M, config), ...] in increasing M; measured entries beat the heuristic.
 # Filled from `python benchmarks/kernels_bench.py` on an H200 (its "suggested TABLE" lines).
-TABLE: dict[tuple[int, int, bool], list[tuple[int, GemmConfig]]] = {}
+TABLE: dict[tuple[int, int, bool], list[tuple[int, GemmConfig]]] = {
+    # Qwen3-4B shape, M <= 32 (a 32-token block), bf16, H200 2026-11-30 (`kernels_bench.py` sweep);
+    # the 64-row folded start keeps the heuristic's BM = 64 (a BM = 32 tile would read W twice)
+    (6144, 2560, False): [(32, GemmConfig(BM=32, BN=128, BK=128, SPLIT=2, warps=4, stages=4))],   # qkv 12.3 us
+    (2560, 4096, False): [(32, GemmConfig(BM=32, BN=128, BK=256, SPLIT=4, warps=4, stages=3))],   # o 10.3 us
+    (9728, 2560, True): [(32, GemmConfig(BM=32, BN=32, BK=128, SPLIT=1, warps=4, stages=4))],     # gate_up 37.3 us
+    (2560, 9728, False): [(32, GemmConfig(BM=32, BN=128, BK=128, SPLIT=4, warps=4, stages=4))],   # down 17.4 us
+    (151936, 2560, False): [(32, GemmConfig(BM=32, BN=64, BK=128, SPLIT=1, warps=4, stages=4))],  # lm_head
+}
+
+
+def load_table(path: str) -> int:
+    """Merge tiles measured by `benchmarks/kernels_bench.py` (its gemm_table.json: a list of
+    {"N", "K", "gated", "m_max", "cfg": GemmConfig fields}) into ``TABLE``; returns how many.
+    ``ORL_GEMM_TABLE=path`` loads one at import (a sweep's result, tried before it is pasted here)."""
+    import json  # noqa: PLC0415
+    with open(path) as f:
+        rows = json.load(f)
+    for r in rows:
+        key = (int(r["N"]), int(r["K"]), bool(r["gated"]))
+        entries = [e for e in TABLE.get(key, []) if e[0] != int(r["m_max"])] + [(int(r["m_max"]), GemmConfig(**r["cfg"]))]
+        TABLE[key] = sorted(entries, key=lambda e: e[0])
+    return len(rows)
+
+
+if os.environ.get("ORL_GEMM_TABLE"):
+    load_table(os.environ["ORL_GEMM_TABLE"])
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def gemm_config(M: int, N: int, K: int, gated: bool, n_sm: int = 132) -> GemmConfig:
-    """Tiles for y (M, N) = x (M, K) @ W^T: the TABLE entry for this shape, else a heuristic
-    (small M: one M tile, narrow N tiles, split K until there are ~2 programs per SM)."""
-    for m_max, cfg in TABLE.get((N, K, gated), []):
+def gemm_config(M: int, N: int, K: int, gated: bool, n_sm: int = 132, elem: int = 2) -> GemmConfig:
+    """Tiles for y (M, N) = x (M, K) @ W^T: the TABLE entry for this shape (measured in bf16, so
+    for 2-byte elements only), else a heuristic (small M: one M tile, narrow N tiles, split K until
+    there are ~2 programs per SM)."""
+    for m_max, cfg in TABLE.get((N, K, gated), []) if elem == 2 else []:
         if M <= m_max:
             return cfg
     if M <= 64:
@@ -100,11 +129,20 @@ def _round_up_few(n: int) -> int:
 
 if triton is not None:
     @triton.jit
+    def _l2_prefetch(ptrs, nbytes):
+        """Hopper bulk prefetch of nbytes (multiple of 16) at each 16-byte aligned address into L2."""
+        return tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
+                                         "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, gate_off, K_CHUNK: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                     EPI: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr):
+                     EPI: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr,
+                     PDL: tl.constexpr = False, PF: tl.constexpr = 0, W_BYTES: tl.constexpr = 2):
         """y[pid_k] = x[:, chunk] @ W[:, chunk]^T over one K chunk (EPI 0), or, with the whole K
-        (SPLIT 1), act(x @ Wg^T) * (x @ Wu^T) where Wu = W rows + gate_off (EPI 1 SiLU, 2 GELU-tanh)."""
+        (SPLIT 1), act(x @ Wg^T) * (x @ Wu^T) where Wu = W rows + gate_off (EPI 1 SiLU, 2 GELU-tanh).
+        PDL: launched as a programmatic dependent of the previous kernel; before waiting for it, the
+        program asks L2 for the first PF K-blocks of its weight rows (weights never depend on it)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -118,6 +156,16 @@ if triton is not None:
         x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
         w_rows = w_ptr + rn[:, None].to(tl.int64) * K
         w_up = w_ptr + (rn[:, None] + gate_off).to(tl.int64) * K
+        if PDL:
+            gdc_launch_dependents()
+            if PF > 0:
+                rp = tl.minimum(rn, N - 1).to(tl.int64) * K + k_lo
+                nbytes = (tl.minimum(PF * BK, k_hi - k_lo) * W_BYTES
+                          + tl.zeros((BN,), dtype=tl.int32))
+                _l2_prefetch(w_ptr + rp, nbytes)
+                if EPI > 0:
+                    _l2_prefetch(w_ptr + ((tl.minimum(rn, N - 1) + gate_off).to(tl.int64) * K + k_lo), nbytes)
+            gdc_wait()
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc2 = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K_CHUNK, BK):  # constant trip count (the interpreter also needs it)
@@ -146,9 +194,32 @@ if triton is not None:
         tl.store(y, acc, mask=m_ok & (rn[None, :] < N))
 
     @triton.jit
+    def _act_mul_kernel(y_ptr, o_ptr, N, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr = False):
+        """Row m of y (M, 2N) = [gate | up] -> o (M, N) = act(gate) * up, rounded as PyTorch's
+        F.silu / F.gelu(tanh) result and the product would be (the cuBLAS path's epilogue)."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        m = tl.program_id(0)
+        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = n < N
+        ty = o_ptr.dtype.element_ty
+        g = tl.load(y_ptr + m.to(tl.int64) * 2 * N + n, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(y_ptr + m.to(tl.int64) * 2 * N + N + n, mask=ok, other=0.0).to(tl.float32)
+        if GELU:
+            z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+            act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z)))
+        else:
+            act = g / (1.0 + tl.exp(-g))
+        tl.store(o_ptr + m.to(tl.int64) * N + n, act.to(ty).to(tl.float32) * u, mask=ok)
+
+    @triton.jit
     def _add_norm_kernel(x_ptr, p_ptr, w_ptr, xo_ptr, ho_ptr, M, D, eps, offset,
-                         BD: tl.constexpr, SPLIT: tl.constexpr, HAS_Y: tl.constexpr):
+                         BD: tl.constexpr, SPLIT: tl.constexpr, HAS_Y: tl.constexpr, PDL: tl.constexpr = False):
         """One row: x <- round(x + round(sum_s p[s])) (HAS_Y), h = RMSNorm(x) * (offset + w)."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         m = tl.program_id(0)
         d = tl.arange(0, BD)
         ok = d < D
@@ -187,9 +258,13 @@ if triton is not None:
     @triton.jit
     def _qk_rope_kernel(p_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
                         T, N, L, eps, offset, H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr,
-                        SPLIT: tl.constexpr, QK_NORM: tl.constexpr, V_NORM: tl.constexpr):
+                        SPLIT: tl.constexpr, QK_NORM: tl.constexpr, V_NORM: tl.constexpr,
+                        PDL: tl.constexpr = False):
         """Token t, head j of the fused QKV output: q heads -> q (H, T, hd); k / v heads -> cache
         slot start + t of their KV head (cache (Hkv, L, hd))."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         j = tl.program_id(1)
         d = tl.arange(0, HD // 2)
@@ -221,8 +296,12 @@ if triton is not None:
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, start_ptr, lim_ptr, ws_ptr, ml_ptr, cnt_ptr,
                      T, S, L, stride_o, scale, N_ITER: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-                     BR: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
+                     BR: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
+                     PDL: tl.constexpr = False):
         """KV head h, rows pid_r*BR.. of its G*T stacked query rows, cache slots of split pid_s."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         h = tl.program_id(0)
         pid_r = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -309,6 +388,26 @@ class TritonKernels:
         self.gemm_override: dict = {}  # (N, K, gated) -> GemmConfig, for benchmarks sweeping tiles
         self.attn_split: int | None = None  # force the attention split count (tests, benchmarks)
         self.attn_bs = 64                     # cache slots per attention iteration
+        self.attn_warps = 4
+        # Programmatic dependent launch (Hopper+, opt-in with ``ORL_PDL=1``): each kernel lets the
+        # next one start on SMs that free up while it finishes; the next GEMM prefetches its first
+        # `pf_blocks` K-blocks of weights into L2 before waiting. Measured on the H200 (Qwen3-4B
+        # shape, K = 32): 3.94 ms per round with it, 3.88 ms without -- off by default.
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else (0, 0)
+        self.pdl = cap >= (9, 0) and os.environ.get("ORL_PDL", "0") == "1"
+        self.pf_blocks = int(os.environ.get("ORL_PDL_PREFETCH", "4"))
+        # from this many rows a plain GEMM goes to cuBLAS (measured faster at M = 256 for every
+        # Qwen3-4B matrix: kernels_results.md); the fused gate/up epilogue then runs in PyTorch
+        self.cublas_min_m = int(os.environ.get("ORL_CUBLAS_MIN_M", "128"))
+
+    @staticmethod
+    def _prefetchable(W: torch.Tensor) -> bool:
+        """The bulk L2 prefetch needs 16-byte aligned rows (and so chunk sizes in 16-byte units)."""
+        return W.data_ptr() % 16 == 0 and (W.shape[1] * W.element_size()) % 16 == 0
+
+    def _kw(self) -> dict:
+        """Launch options shared by every kernel: PDL on Hopper, nothing on the interpreter."""
+        return dict(PDL=True, launch_pdl=True) if self.pdl else {}
 
     # -------------------------------------------------------------- single kernels
     def linear(self, x: torch.Tensor, W: torch.Tensor, bias=None, gated: bool = False,
@@ -318,9 +417,12 @@ class TritonKernels:
         act(x @ gate^T) * (x @ up^T) as (M, N) in x's dtype."""
         M, K = x.shape
         N = W.shape[0] // 2 if gated else W.shape[0]
+        if cfg is None and M >= self.cublas_min_m and x.is_cuda:
+            y = torch.nn.functional.linear(x, W, bias)
+            return self.act_mul(y) if gated else y[None]
         if x.stride(1) != 1:
             x = x.contiguous()
-        cfg = cfg or self.gemm_override.get((N, K, gated)) or gemm_config(M, N, K, gated, self.n_sm)
+        cfg = cfg or self.gemm_override.get((N, K, gated)) or gemm_config(M, N, K, gated, self.n_sm, x.element_size())
         split = 1 if gated else cfg.SPLIT
         y = torch.empty((split, M, N), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
         grid = (triton_cdiv(N, cfg.BN), triton_cdiv(M, cfg.BM), split)
@@ -328,8 +430,19 @@ class TritonKernels:
         k_chunk = triton_cdiv(triton_cdiv(K, split), cfg.BK) * cfg.BK
         _gemm_kernel[grid](x, W, bias if bias is not None else W, y, M, N, K, x.stride(0), N, K_CHUNK=k_chunk,
                            BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, SPLIT=split, EPI=epi, HAS_BIAS=bias is not None,
-                           PREC=self.prec, num_warps=cfg.warps, num_stages=cfg.stages)
+                           PREC=self.prec, num_warps=cfg.warps, num_stages=cfg.stages,
+                           **self._kw(), **(dict(PF=self.pf_blocks if self._prefetchable(W) else 0,
+                                                 W_BYTES=W.element_size()) if self.pdl else {}))
         return y[0] if gated else y
+
+    def act_mul(self, y: torch.Tensor) -> torch.Tensor:
+        """y (M, 2N) = [gate | up] -> act(gate) * up (M, N), one kernel (PyTorch needs three)."""
+        M, N2 = y.shape
+        o = torch.empty((M, N2 // 2), dtype=y.dtype, device=y.device)
+        BLOCK = 1024
+        _act_mul_kernel[(M, triton_cdiv(N2 // 2, BLOCK))](y.contiguous(), o, N2 // 2, BLOCK=BLOCK,
+                                                         GELU=self.cfg.hidden_act != "silu", num_warps=4, **self._kw())
+        return o
 
     def add_norm(self, x: torch.Tensor, partials: torch.Tensor | None, w: torch.Tensor):
         """x (M, D) [+ rounded sum of partials (SPLIT, M, D)] -> (x, RMSNorm(x) * w), both (M, D)."""
@@ -339,7 +452,7 @@ class TritonKernels:
         p = partials if partials is not None else x
         _add_norm_kernel[(M,)](x, p, w, xo, h, M, D, self.cfg.rms_eps, self.cfg.norm_offset,
                                BD=_pow2(D), SPLIT=1 if partials is None else partials.shape[0],
-                               HAS_Y=partials is not None, num_warps=8 if D >= 2048 else 4)
+                               HAS_Y=partials is not None, num_warps=8 if D >= 2048 else 4, **self._kw())
         return xo, h
 
     def qk_rope(self, partials: torch.Tensor, lw, start: torch.Tensor, k_cache, v_cache) -> torch.Tensor:
@@ -352,11 +465,12 @@ class TritonKernels:
             partials, lw.q_norm if norm else q, lw.k_norm if norm else q, self.w.rope_cos, self.w.rope_sin,
             start, q, k_cache, v_cache, T, N, k_cache.shape[2], c.rms_eps, c.norm_offset,
             H=c.num_heads, HKV=c.num_kv_heads, HD=c.head_dim, SPLIT=S_, QK_NORM=norm, V_NORM=bool(c.v_norm),
-            num_warps=1 if c.head_dim <= 64 else 2)
+            num_warps=1 if c.head_dim <= 64 else 2, **self._kw())
         return q
 
     def attention(self, q: torch.Tensor, k_cache, v_cache, start: torch.Tensor, lim: torch.Tensor, S: int,
-                  split: int | None = None, BR: int | None = None, BS: int | None = None) -> torch.Tensor:
+                  split: int | None = None, BR: int | None = None, BS: int | None = None,
+                  warps: int | None = None) -> torch.Tensor:
         """q (H, T, hd) over cache slots [0, S) of k_cache / v_cache (1, Hkv, L, hd), row i of every
         head seeing slot j iff j < start + lim[i]. Returns (T, H hd) in q's dtype."""
         c = self.cfg
@@ -368,8 +482,8 @@ class TritonKernels:
         BS = BS or self.attn_bs
         tiles = Hkv * triton_cdiv(R, BR)
         split = split or self.attn_split
-        if split is None:
-            split = max(1, min(triton_cdiv(2 * self.n_sm, tiles), S // 128, 16))
+        if split is None:  # about one program per SM (H200: 2 per SM measured slower at K = 256)
+            split = max(1, min(triton_cdiv(self.n_sm, tiles), S // 128, 16))
         if tiles > self.N_COUNTERS:
             split = 1
         # blocks of BS slots per split: a compile-time trip count, rounded up to 2^k or 3 * 2^k so
@@ -383,7 +497,8 @@ class TritonKernels:
         scale = c.attn_scale if c.attn_scale is not None else hd ** -0.5
         _attn_kernel[(Hkv, triton_cdiv(R, BR), split)](
             q, k_cache, v_cache, o, start, lim, ws, ml, self.counters, T, S, L, H * hd, scale, N_ITER=n_iter,
-            G=G, HD=hd, BR=BR, BS=BS, SPLIT=split, PREC=self.prec, num_warps=4, num_stages=2)
+            G=G, HD=hd, BR=BR, BS=BS, SPLIT=split, PREC=self.prec, num_warps=warps or self.attn_warps, num_stages=2,
+            **self._kw())
         return o
 
     # ------------------------------------------------------------------ forward

@@ -11,8 +11,19 @@ pass, forwards, latency, tokens/s).
 Does not own: the denoising loop (`orl.decode`), HTTP or queueing (`orl.engine.server`), or
 batching: one request decodes at a time. Every decode goes through `LLM._decode`, which picks the
 decoder (``engine``): the fast runtime (`orl.engine.runtime`: static buffers, the block's rounds in
-one CUDA graph) for the requests it runs -- greedy SDAR/LLaDA rules -- on a CUDA device, the
-reference decoder (`orl.decode`) otherwise. Both give the same tokens under greedy decoding.
+one CUDA graph) for the requests it runs -- greedy SDAR/LLaDA rules, DiffusionGemma's rule sampled
+or greedy (`orl.engine.dgemma`) -- on a CUDA device, the reference decoder (`orl.decode`) otherwise.
+What "the same result" means differs by family:
+  * SDAR/LLaDA: both decoders give the same tokens under greedy decoding (no random numbers).
+  * DiffusionGemma draws random numbers even when greedy (the starting canvas, the re-noising), and
+    the runtime draws them from its own counter RNG (`orl.engine.dgemma_sampler`) seeded with the
+    request's seed, the reference decoder from a torch.Generator seeded with it: the same seed gives
+    each decoder its own reproducible text (same seed, same engine -> same text), the two texts
+    differ, and their distributions are the same (up to float32 rounding of the sampler's CDF).
+    Driven by the same stream (`dgemma_sampler.reference_rng`), the reference decoder gives the
+    runtime's tokens, rounds and forwards (tests/test_llm_dgemma_engine.py).
+Stop strings, EOS, streaming and cancellation are this object's work on the blocks either decoder
+hands back (``on_block``), so they behave the same whichever decoder runs.
 """
 from __future__ import annotations
 
@@ -82,6 +93,8 @@ class LLM:
     decoder), "reference", or "runtime" (always, falling back only for requests it cannot run;
     on the CPU it runs eagerly -- a check, not a speed-up). The runtime keeps its own baked copy of
     the weights (one more copy of the model in memory) and a static KV cache of ``engine_max_len``.
+    For DiffusionGemma the engine is part of what a seed means (module docstring): the runtime and
+    the reference decoder sample different texts for the same seed.
     """
 
     def __init__(self, model: str, role: str = "base", device: str = "cpu",
@@ -209,24 +222,39 @@ class LLM:
 
     # ------------------------------------------------------------------ decoding
     def uses_runtime(self, cfg: DecodeConfig, n_prompt: int) -> bool:
-        """Whether a request with ``cfg`` goes to the fast runtime (see ``engine``)."""
+        """Whether a request with ``cfg`` goes to the fast runtime (see ``engine``): the model's
+        block size, prompt + budget (whole blocks) + one block within ``engine_max_len``, and
+        SDAR/LLaDA: a greedy threshold/topk/llada rule; DiffusionGemma: rule "dgemma", sampled or
+        greedy, on a model of the shape `DGemmaRuntime` is built for (`_dgemma_runtime_fits`).
+        Stop strings, EOS, streaming, cancellation and seeds never decide (module docstring)."""
         if self.engine == "reference" or (self.engine == "auto" and not str(self.device).startswith("cuda")):
             return False
         mcfg = self.model.config
         n = n_prompt + math.ceil(cfg.max_new_tokens / cfg.block_size) * cfg.block_size + cfg.block_size
-        return (mcfg.noise == "mask" and cfg.temperature == 0 and cfg.rule in ("threshold", "topk", "llada")
-                and cfg.block_size == mcfg.block_size and n <= self.engine_max_len)
+        if cfg.block_size != mcfg.block_size or n > self.engine_max_len:
+            return False
+        if mcfg.noise == "uniform":
+            # the counter RNG samples inside the loop, so temperature does not matter here
+            return cfg.rule == "dgemma" and _dgemma_runtime_fits(mcfg)
+        return mcfg.noise == "mask" and cfg.temperature == 0 and cfg.rule in ("threshold", "topk", "llada")
 
-    def _decode(self, prompt_ids: list[int], cfg: DecodeConfig, eos_ids: list[int],
-                generator: torch.Generator | None, on_block: Callable) -> DecodeOutput:
-        """The one call into a decoder: the runtime when `uses_runtime`, else the reference decoder."""
+    def _decode(self, prompt_ids: list[int], cfg: DecodeConfig, eos_ids: list[int], seed: int | None,
+                on_block: Callable) -> DecodeOutput:
+        """The one call into a decoder: the runtime when `uses_runtime`, else the reference decoder.
+        ``seed`` None: fresh random numbers from torch's global RNG (so torch.manual_seed still
+        makes an unseeded sampled request reproducible, with either decoder)."""
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             if self.uses_runtime(cfg, len(prompt_ids)):
                 if self._runtime is None:
                     from .runtime import Runtime  # noqa: PLC0415 - only when used
+                    # a uniform-noise model gets a DGemmaRuntime (Runtime.__new__)
                     self._runtime = Runtime(self.model, cfg.block_size, max_len=self.engine_max_len)
+                if self.model.config.noise == "uniform":
+                    return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block,
+                                                seed=_counter_seed(seed))
                 return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block)
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
             return decode(self.model, prompt, cfg, eos_ids=eos_ids, generator=generator, on_block=on_block)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
@@ -235,7 +263,8 @@ class LLM:
                  cancel: threading.Event | None = None) -> Generation:
         """Decode one prompt (text or chat messages). ``temperature=None`` keeps the protocol's;
         greedy decoding without a ``seed`` uses seed 0, so it is deterministic for every family
-        (DiffusionGemma draws its starting canvas at random even when greedy).
+        (DiffusionGemma draws its starting canvas at random even when greedy; its text for a seed
+        depends on the decoder, see the module docstring).
         ``ignore_eos`` decodes the whole budget (benchmarks). ``on_text(delta)`` receives text as
         blocks commit (returning False cancels); ``cancel``, set by another thread, stops the
         decode at the next block boundary."""
@@ -265,9 +294,8 @@ class LLM:
 
         if seed is None and temperature == 0:
             seed = 0
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         t0 = time.perf_counter()
-        out = self._decode(ids, cfg, eos, generator, on_block)
+        out = self._decode(ids, cfg, eos, seed, on_block)
         latency = time.perf_counter() - t0
         emit(text.flush())
         if text.stopped or text.hit_eos:
@@ -291,6 +319,24 @@ class LLM:
         self.check_lengths(self.count_tokens(prompt), max_new_tokens)  # fail here, not in the thread
         return Stream(self, dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                                  stop=stop, seed=seed, ignore_eos=ignore_eos))
+
+
+def _dgemma_runtime_fits(mcfg) -> bool:
+    """Whether `orl.engine.dgemma.DGemmaRuntime` decodes this uniform-noise model as the reference
+    decoder does: it hard-wires DiffusionGemma's layout (committed text causal) and its
+    self-conditioning input on every canvas position (no "rcd" pathway, no unresolved-only rows)."""
+    return mcfg.clean_attention == "causal" and (mcfg.pathway == "none" or
+                                                 (mcfg.pathway == "mlp" and mcfg.pathway_where == "canvas"))
+
+
+def _counter_seed(seed: int | None) -> int:
+    """The DiffusionGemma runtime's counter-RNG seed for a request seed: requests may carry any
+    64-bit seed (the server accepts -2^63 .. 2^64 - 1, as torch.Generator does), the runtime takes
+    [0, 2^62) and hashes only the low 32 bits of it, so seeds equal mod 2^32 sample the same text.
+    None: drawn from torch's global RNG, as the reference decoder draws without a generator."""
+    if seed is None:
+        return int(torch.randint(1 << 62, (1,)))
+    return seed % (1 << 62)
 
 
 _DONE = object()

@@ -8,7 +8,8 @@ Owns, for one MoE layer at batch 1:
     top-k weights, Gemma-4 router scale and per-expert scale, the same activation and the same
     order of additions: per token the routed experts in ascending id, then the shared expert).
     Two backends with one contract:
-      "triton"  the T x k (token, expert) assignments are sorted by expert on the device; a grid
+      "triton"  the T x k (token, expert) assignments are sorted by expert on the device by one
+                single-program Triton kernel (``plan_triton``; ``plan`` is its PyTorch reference); a grid
                 over a static maximum of ``min(E, T k)`` expert slots runs two grouped kernels
                 (gate/up + activation, then down + routing weight), where a slot with no tokens
                 exits before reading anything and one program reads its expert's weight tile
@@ -128,7 +129,8 @@ def triton_available() -> bool:
 def plan(ids: torch.Tensor, num_experts: int) -> dict:
     """The grouped layout of ids (N, k), on the device with static shapes: the N k assignments
     sorted by expert (stable: by token within an expert), and per slot m < min(E, N k) its first
-    sorted position, count (0: inactive, always after the active ones) and expert."""
+    sorted position, count (0: inactive, always after the active ones) and expert. The readable
+    reference of `plan_triton` (one launch instead of ~15 small kernels), which the engine runs."""
     N, k = ids.shape
     flat = ids.reshape(-1)
     sorted_e, order = torch.sort(flat, stable=True)            # order[s] = pair at sorted position s
@@ -140,6 +142,35 @@ def plan(ids: torch.Tensor, num_experts: int) -> dict:
     pos = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=ids.device))
     return dict(order=order, tok=order // k, start=count.cumsum(0) - count, count=count, expert=expert,
                 pos=pos, slots=M)
+
+
+PLAN_BLOCK = 1024  # assignments the plan kernel sorts at once; more (a prefill) go in chunks
+
+
+def plan_triton(ids: torch.Tensor, w: torch.Tensor, num_experts: int, block: int = PLAN_BLOCK,
+                num_warps: Optional[int] = None) -> dict:
+    """`plan` in one Triton launch of one program (`moe_kernels.orl_moe_plan`), equal to it tensor
+    for tensor (int64), plus ``wsorted``: w (N, k) flattened in sorted order, float32. Static
+    shapes, no host reads (CUDA-graph safe). ``block`` (a power of two) caps the assignments
+    sorted at once. On an H200 in a CUDA graph (E 256, k 8): ~3 us for N k = 256, ~8 us for 1024,
+    ~17 us for 2048, against ~55-70 us for `plan` and the wsorted gather (~15 kernels)."""
+    from . import moe_kernels as mk  # noqa: PLC0415
+    N, k = ids.shape
+    nk, M = N * k, min(num_experts, N * k)
+    dev = ids.device
+    order, tok, pos = (torch.empty(nk, dtype=torch.long, device=dev) for _ in range(3))
+    start, count, expert = (torch.empty(M, dtype=torch.long, device=dev) for _ in range(3))
+    wsorted = torch.empty(nk, dtype=torch.float32, device=dev)
+    b = min(block, max(16, _pow2(nk)))
+    if num_warps is None:  # the fastest measured (H200): more warps for a larger sort
+        num_warps = 4 if nk <= 256 else 8 if nk <= 1024 else 16
+    mk.orl_moe_plan[(1,)](ids.contiguous(), w.contiguous(), order, tok, pos, wsorted, start, count, expert, nk, M,
+                          K_TOP=k, BLOCK=b, BLOCK_E=max(16, _pow2(num_experts)), ONE=nk <= b, num_warps=num_warps)
+    return dict(order=order, tok=tok, start=start, count=count, expert=expert, pos=pos, slots=M, wsorted=wsorted)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def _tiles(n: int) -> tuple[int, int]:
@@ -161,10 +192,9 @@ def experts_triton(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate_up:
     k = ids.shape[1]
     E, I2, _ = gate_up.shape
     I = I2 // 2
-    p = plan(ids, E)
-    M, fp32 = p["slots"], x.dtype == torch.float32
+    p = plan_triton(ids, w, E)
+    M, fp32, wsorted = p["slots"], x.dtype == torch.float32, p["wsorted"]
     bt, tiles = _tiles(N)
-    wsorted = w.reshape(-1).float()[p["order"]].contiguous()
     h = torch.empty(N * k, I, dtype=x.dtype, device=x.device)
     y = torch.empty(N * k, D, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)

@@ -1,7 +1,9 @@
 """Triton kernels of the engine's grouped MoE (`orl.engine.moe` owns the layout and the contract).
 
 Three kernels over the (token, expert) assignments sorted by expert, grouped into slots (one
-slot per expert the tokens route to; ``count == 0`` marks an inactive slot):
+slot per expert the tokens route to; ``count == 0`` marks an inactive slot), and the layout:
+  ``orl_moe_plan``     grid (1,): `orl.engine.moe.plan` (sort by expert, slots, inverse permutation)
+                       plus the routing weights in sorted order, in one program
   ``orl_moe_gate_up``  grid (slots, I / BLOCK_I): h[p] = act(x[tok p] Wg^T) * (x[tok p] Wu^T)
   ``orl_moe_down``     grid (slots, D / BLOCK_N): y[p] = weight[p] * (h[p] Wd^T)
   ``orl_moe_combine``  grid (tokens, D / BLOCK): out[t] = sum over t's k pairs in expert order
@@ -15,7 +17,7 @@ the tensors' dtype (the linear outputs, the activation and the product are each 
 dots use IEEE precision (no TF32), as torch does by default.
 Importing this module imports Triton; `TRITON_INTERPRET=1` (set before the import) runs the kernels
 on CPU tensors (fp32 only: bf16 is broken in the interpreter).
-Does not own: routing, the layout (`orl.engine.moe.plan`), the PyTorch twin.
+Does not own: routing, the layout's contract (`orl.engine.moe.plan`), the PyTorch twin.
 """
 import triton
 import triton.language as tl
@@ -127,3 +129,69 @@ def orl_moe_combine(y_ptr, pos_ptr, shared_ptr, out_ptr, D: tl.constexpr, K_TOP:
     if HAS_SHARED:
         acc = acc + tl.load(shared_ptr + t * D + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * D + offs, acc.to(OUT), mask=m)
+
+
+@triton.jit
+def orl_moe_plan(ids_ptr, w_ptr, order_ptr, tok_ptr, pos_ptr, wsorted_ptr, start_ptr, count_ptr, expert_ptr,
+                 NK, M, K_TOP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr, ONE: tl.constexpr):
+    """`orl.engine.moe.plan` in one program (grid (1,)) over the NK = N k assignments, ids in [0, E).
+    Per expert its count (tl.histogram) and first sorted position (exclusive cumsum); within a chunk
+    of BLOCK assignments the keys ``expert * BLOCK + index`` (unique, so the sort is stable) are
+    sorted in registers (tl.sort); an assignment's sorted position is its expert's first position
+    plus that expert's assignments in earlier chunks plus its rank among them in its chunk. Slot
+    m < M holds the m-th expert present (count, start, expert); the inactive slots after them hold
+    count 0, start NK and expert 0 (as `plan`). Also writes wsorted[s] = w[order[s]] (float32).
+    Nothing is written and read back, so no barrier. ONE: NK <= BLOCK (one chunk, no tl.gather)."""
+    offs_e = tl.arange(0, BLOCK_E)
+    offs = tl.arange(0, BLOCK)
+    if ONE:
+        mask = offs < NK
+        e = tl.load(ids_ptr + offs, mask=mask, other=0).to(tl.int32)
+        hist = tl.histogram(e, BLOCK_E, mask=mask)
+    else:
+        hist = tl.zeros((BLOCK_E,), dtype=tl.int32)
+        c0 = tl.full((), 0, tl.int32)
+        while c0 < NK:  # (a while loop: the interpreter cannot range() over a runtime bound)
+            mask = c0 + offs < NK
+            ec = tl.load(ids_ptr + c0 + offs, mask=mask, other=0).to(tl.int32)
+            hist += tl.histogram(ec, BLOCK_E, mask=mask)
+            c0 += BLOCK
+    active = hist > 0
+    slot = tl.cumsum(active.to(tl.int32), 0) - active.to(tl.int32)
+    first = tl.cumsum(hist, 0) - hist
+    n_active = tl.sum(active.to(tl.int32), 0)
+    tl.store(count_ptr + slot, hist.to(tl.int64), mask=active)
+    tl.store(start_ptr + slot, first.to(tl.int64), mask=active)
+    tl.store(expert_ptr + slot, offs_e.to(tl.int64), mask=active)
+    idle = (offs_e >= n_active) & (offs_e < M)  # inactive slots (disjoint from the active ones)
+    tl.store(count_ptr + offs_e, tl.zeros((BLOCK_E,), dtype=tl.int64), mask=idle)
+    tl.store(start_ptr + offs_e, tl.zeros((BLOCK_E,), dtype=tl.int64) + NK, mask=idle)
+    tl.store(expert_ptr + offs_e, tl.zeros((BLOCK_E,), dtype=tl.int64), mask=idle)
+    if ONE:
+        key = tl.where(mask, e * BLOCK + offs, BLOCK_E * BLOCK)  # the padding sorts last
+        p = tl.sort(key, 0) % BLOCK           # order: the assignment at sorted position offs
+        ms = offs < NK
+        tl.store(order_ptr + offs, p.to(tl.int64), mask=ms)
+        tl.store(tok_ptr + offs, (p // K_TOP).to(tl.int64), mask=ms)
+        tl.store(pos_ptr + p, offs.to(tl.int64), mask=ms)
+        tl.store(wsorted_ptr + offs, tl.load(w_ptr + p, mask=ms, other=0.0).to(tl.float32), mask=ms)
+    else:
+        base = first  # per expert: its first sorted position not yet taken by an earlier chunk
+        c0 = tl.full((), 0, tl.int32)
+        while c0 < NK:
+            mask = c0 + offs < NK
+            ec = tl.load(ids_ptr + c0 + offs, mask=mask, other=0).to(tl.int32)
+            ch = tl.histogram(ec, BLOCK_E, mask=mask)
+            key = tl.where(mask, ec * BLOCK + offs, BLOCK_E * BLOCK)
+            sk = tl.sort(key, 0)
+            ms = offs < NK - c0
+            se = tl.where(ms, sk // BLOCK, 0)
+            # sorted chunk position offs of expert se -> base[se] + offs - (se's first position in the chunk)
+            s = tl.gather(base - (tl.cumsum(ch, 0) - ch), se, 0) + offs
+            p = c0 + sk % BLOCK
+            tl.store(order_ptr + s, p.to(tl.int64), mask=ms)
+            tl.store(tok_ptr + s, (p // K_TOP).to(tl.int64), mask=ms)
+            tl.store(pos_ptr + p, s.to(tl.int64), mask=ms)
+            tl.store(wsorted_ptr + s, tl.load(w_ptr + p, mask=ms, other=0.0).to(tl.float32), mask=ms)
+            base += ch
+            c0 += BLOCK
