@@ -342,8 +342,8 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
         per_round = r.get("round_gpu", r.get("round_wall"))
         over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
             (r["block_wall"] / n - per_round if mode == "graph" else None)
-        if mode == "while" or best is None:
-            best = (per_round, r["block_wall"])
+        if best is None or per_round < best[0]:  # the fastest path is the one compared with transformers
+            best = (per_round, r["block_wall"], mode)
         rows.append([f"(b) ours, {mode}", n, f"{per_round * 1e3:.2f}", f"{per_round / floor:.2f}",
                      f"{wbytes / per_round / 1e9:.0f}", f"{r['block_wall'] * 1e3:.1f}",
                      "-" if over is None else f"{over * 1e6:.1f}"])
@@ -370,7 +370,7 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
                 rows.append([name, steps, f"{t * 1e3:.2f}", f"{t / floor:.2f}", f"{wbytes / t / 1e9:.0f}",
                              f"{(r['wall'] - r['prefill']) * 1e3:.1f}", "-"])
                 h.say("  " + " | ".join(str(x) for x in rows[-1]))
-            notes.append(f"speed-up of ours (while, per round) over transformers: {r['forward'] / best[0]:.1f}x its "
+            notes.append(f"speed-up of ours ({best[2]}, per round) over transformers: {r['forward'] / best[0]:.1f}x its "
                          f"decoder forward, {r['step'] / best[0]:.1f}x its whole denoising step; per canvas "
                          f"({steps} rounds, prefill excluded): {(r['wall'] - r['prefill']) / best[1]:.1f}x "
                          f"(its prefill of {P} tokens: {r['prefill'] * 1e3:.1f} ms)")

@@ -112,11 +112,13 @@ def speed(E, bw: float, modes: list[str], skip_ref: bool = False) -> None:
     rows, notes, profs = [], [], {}
     floor = wbytes = None
     n_moe = cfg.num_layers - cfg.first_dense_layers
-    variants = [(m, False) for m in modes] + [(modes[0], True), ("eager", False)]
-    for mode, comp in variants:
-        name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "")
+    variants = [(m, False, "torch") for m in modes] + [(modes[0], True, "torch"), (modes[0], False, "triton")]
+    if not E.QUICK:
+        variants.append(("eager", False, "torch"))
+    for mode, comp, kern in variants:
+        name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "") + (" + Triton kernels" if kern != "torch" else "")
         try:
-            r = E.ours(model, prompt, K, None, mode, comp, **RULE)
+            r = E.ours(model, prompt, K, None, mode, comp, kernels=kern, **RULE)
         except Exception as exc:  # noqa: BLE001 - report and go on
             E.say(f"  {name} failed: {type(exc).__name__}: {exc}")
             torch.cuda.empty_cache()
@@ -147,7 +149,7 @@ def speed(E, bw: float, modes: list[str], skip_ref: bool = False) -> None:
                      "-" if over is None else f"{over * 1e6:.1f}"])
         E.LOG.setdefault("llada_speed", []).append(rows[-1] + [r["setup_s"], r.get("start_gpu")])
         E.say("  " + " | ".join(str(x) for x in rows[-1]) + f" | setup {r['setup_s']:.1f} s")
-        if "start_gpu" in r and not comp and mode == modes[0]:
+        if "start_gpu" in r and mode == modes[0]:
             notes.append(f"{name}: the folded start ({2 * K} tokens) takes {r['start_gpu'] * 1e3:.3f} ms vs "
                          f"{per_round * 1e3:.3f} ms for a round")
         if mode == "while":  # the timed round graph, as it runs

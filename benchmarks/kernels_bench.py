@@ -63,18 +63,26 @@ SHAPES = [("qkv", 6144, 2560, False), ("o", 2560, 4096, False), ("gate_up", 9728
 
 
 def sweep_configs(M: int, N: int, K: int, gated: bool) -> list:
-    """Plausible tiles around the heuristic (each costs a Triton compile). Only M <= 64 is swept:
-    from ``TritonKernels.cublas_min_m`` rows on, plain GEMMs go to cuBLAS."""
+    """Tiles around the current choice (TABLE entry or heuristic), each a Triton compile. Only
+    M <= 64 is swept: from ``TritonKernels.cublas_min_m`` rows on, plain GEMMs go to cuBLAS."""
     base = Kn.gemm_config(M, N, K, gated)
     out = [base]
     if M <= 64:
-        bm = base.BM
-        for bn in (16, 32, 64, 128):
-            for bk, st in ((128, 4), (256, 3)):
-                for split in (1, 2, 4, 8):
-                    if (gated and (split > 1 or bn > 64)) or (bn == 16 and not gated) or (bk != 128 and split > 4):
-                        continue
-                    out.append(Kn.GemmConfig(bm, bn, bk, split, 4, st))
+        def cfg(**kw):
+            return Kn.GemmConfig(**{**dataclasses.asdict(base), **kw})
+        for w in (4, 8):
+            out.append(cfg(warps=w))
+            for st in (base.stages - 1, base.stages + 1):
+                out.append(cfg(warps=w, stages=max(2, st)))
+            if gated:  # no split-K: the SiLU(gate) * up epilogue needs whole sums
+                for bn in (16, 32, 64):
+                    for bk, st in ((64, 4), (64, 6), (128, 3), (256, 2)):
+                        out.append(cfg(BN=bn, BK=bk, stages=st, warps=w))
+            else:
+                for bn in (base.BN // 2, base.BN, base.BN * 2):
+                    for split in (max(1, base.SPLIT // 2), base.SPLIT, base.SPLIT * 2):
+                        if 32 <= bn <= 256:
+                            out.append(cfg(BN=bn, SPLIT=split, warps=w))
     seen, uniq = set(), []
     for c in out:
         if c not in seen and (c.SPLIT == 1 or (-(-K // c.BK)) % c.SPLIT == 0):
@@ -122,7 +130,8 @@ def gemms(ops, bw: float, do_sweep: bool) -> None:
                 scale = ref.abs().max().item()
                 err_t = (torch_call(W).float() - ref).abs().max().item() / scale
                 t_torch = graph_time(lambda: [torch_call(w) for w in Ws], n_copies)
-                cfgs = sweep_configs(M, N, K, gated) if do_sweep else [Kn.gemm_config(M, N, K, gated, ops.n_sm)]
+                cfgs = sweep_configs(M, N, K, gated) if do_sweep and name != "lm_head" else \
+                    [Kn.gemm_config(M, N, K, gated, ops.n_sm)]
                 best = None
                 for cfg in cfgs:
                     try:

@@ -3,7 +3,8 @@
 
 At batch 1 a round streams every weight once, so each matmul must run near copy bandwidth and the
 round must have few kernels (each costs a few microseconds even inside a CUDA graph). Per layer
-this module launches seven kernels:
+this module launches seven kernels (a MoE layer's MLP is `orl.engine.moe.moe_mlp`'s kernels instead of
+the last three GEMMs):
 
   add_norm(ln1)        x <- x + round(sum of the previous down partials); h = RMSNorm(x) (row kernel)
   gemm(qkv)            skinny split-K GEMM, fp32 partials (SPLIT, T, (H + 2 Hkv) hd)
@@ -376,8 +377,6 @@ class TritonKernels:
         hd = cfg.head_dim
         if hd < 16 or hd & (hd - 1):
             raise NotImplementedError(f"the Triton kernels need a power-of-two head_dim >= 16, not {hd}")
-        if any(getattr(lw, "moe", None) is not None for lw in w.layers):
-            raise NotImplementedError("the Triton kernels run dense layers; MoE layers use kernels='torch'")
         if cfg.hidden_act not in ("silu", "gelu_tanh"):
             raise NotImplementedError(f"activation {cfg.hidden_act!r} has no Triton epilogue")
         self.w, self.cfg = w, cfg
@@ -506,6 +505,7 @@ class TritonKernels:
                 logits_from: int | None = 0) -> torch.Tensor | None:
         """`orl.engine.forward.forward` (same arguments and result) with these kernels."""
         from ..model.layers import soft_cap  # noqa: PLC0415
+        from .moe import moe_mlp  # noqa: PLC0415
         w, c = self.w, self.cfg
         red = w.tp_reduce or (lambda t: t)  # tensor parallel: partials summed over ranks in place
         x = h[0].contiguous()
@@ -518,8 +518,14 @@ class TritonKernels:
                 return None  # a commit pass: the cache is written, nothing else is read out
             a = self.attention(q, kv.k[i], kv.v[i], start, lim, S)
             x, hn = self.add_norm(x, red(self.linear(a, lw.o)), lw.ln2)
+            nxt = w.norm if last else layers[i + 1].ln1
+            if lw.moe is not None:  # routed + shared experts: `orl.engine.moe` (its grouped Triton kernels)
+                if w.tp_reduce is not None:
+                    raise NotImplementedError("tensor parallelism does not shard MoE layers yet")
+                x, hn = self.add_norm(x, moe_mlp(hn[None], lw.moe, c, backend=w.moe_backend), nxt)
+                continue
             act = self.linear(hn, lw.gate_up, gated=True)
-            x, hn = self.add_norm(x, red(self.linear(act, lw.down)), w.norm if last else layers[i + 1].ln1)
+            x, hn = self.add_norm(x, red(self.linear(act, lw.down)), nxt)
         logits = self.linear(hn[logits_from:], w.lm_head)
         logits = logits[0] if logits.shape[0] == 1 else logits.sum(0).to(hn.dtype)
         return soft_cap(logits[None], c.final_logit_softcap)
