@@ -17,7 +17,7 @@ for st in $STAGES; do
   [ -f "$OUT/gemm_table.json" ] && export ORL_GEMM_TABLE=$OUT/gemm_table.json
   case $st in
     kernels-tests) python -m pytest -q -x tests/test_engine_kernels.py 2>&1 | tee "$OUT/kernels_tests.log" | tail -n 5 ;;
-    gpu-tests) python -m pytest -q tests/test_engine_gpu.py tests/test_engine_moe.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 8 ;;
+    gpu-tests) python -m pytest -q tests/test_engine_gpu.py tests/test_engine_moe.py tests/test_engine_dgemma.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 8 ;;
     sweep) python benchmarks/kernels_bench.py --out "$OUT" --no-round > "$OUT/kernels_bench.log" 2>&1; tail -n 25 "$OUT/kernels_results.md" ;;
     attention) python benchmarks/kernels_bench.py --out "$OUT" --sections attention > "$OUT/kernels_bench.log" 2>&1
            cat "$OUT/kernels_results.md" ;;

@@ -74,10 +74,13 @@ def sweep_configs(M: int, N: int, K: int, gated: bool) -> list:
             out.append(cfg(warps=w))
             for st in (base.stages - 1, base.stages + 1):
                 out.append(cfg(warps=w, stages=max(2, st)))
-            if gated:  # no split-K: the SiLU(gate) * up epilogue needs whole sums
+            if gated:  # split 1: SiLU(gate) * up fused in the GEMM; split > 1: partials + one epilogue kernel
                 for bn in (16, 32, 64):
                     for bk, st in ((64, 4), (64, 6), (128, 3), (256, 2)):
                         out.append(cfg(BN=bn, BK=bk, stages=st, warps=w))
+                for bn in (64, 128):
+                    for split in (2, 4):
+                        out.append(cfg(BN=bn, BK=128, stages=4, SPLIT=split, warps=w))
             else:
                 for bn in (base.BN // 2, base.BN, base.BN * 2):
                     for split in (max(1, base.SPLIT // 2), base.SPLIT, base.SPLIT * 2):

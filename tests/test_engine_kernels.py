@@ -62,6 +62,9 @@ def test_gemm_gated_epilogue(act):
     gate, up = F.linear(x, W).chunk(2, -1)
     ref = (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
     torch.testing.assert_close(y, ref, **TOL)
+    # split-K: partials over all 2N rows, the epilogue in its own kernel
+    y = ops.linear(x, W, gated=True, cfg=Kn.GemmConfig(BM=16, BN=16, BK=16, SPLIT=3))
+    torch.testing.assert_close(y, ref, **TOL)
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])

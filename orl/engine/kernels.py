@@ -195,9 +195,11 @@ if triton is not None:
         tl.store(y, acc, mask=m_ok & (rn[None, :] < N))
 
     @triton.jit
-    def _act_mul_kernel(y_ptr, o_ptr, N, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr = False):
-        """Row m of y (M, 2N) = [gate | up] -> o (M, N) = act(gate) * up, rounded as PyTorch's
-        F.silu / F.gelu(tanh) result and the product would be (the cuBLAS path's epilogue)."""
+    def _act_mul_kernel(y_ptr, o_ptr, M, N, BLOCK: tl.constexpr, SPLIT: tl.constexpr, GELU: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        """Row m of y (SPLIT, M, 2N) = partial sums of [gate | up] -> o (M, N) = act(gate) * up: the
+        partials summed and rounded as F.linear's output, then rounded as PyTorch's F.silu /
+        F.gelu(tanh) result and the product would be (the epilogue of a split-K or cuBLAS gate/up)."""
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -205,8 +207,14 @@ if triton is not None:
         n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = n < N
         ty = o_ptr.dtype.element_ty
-        g = tl.load(y_ptr + m.to(tl.int64) * 2 * N + n, mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(y_ptr + m.to(tl.int64) * 2 * N + N + n, mask=ok, other=0.0).to(tl.float32)
+        g = tl.zeros((BLOCK,), dtype=tl.float32)
+        u = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            row = y_ptr + (s * M + m).to(tl.int64) * 2 * N
+            g += tl.load(row + n, mask=ok, other=0.0).to(tl.float32)
+            u += tl.load(row + N + n, mask=ok, other=0.0).to(tl.float32)
+        g = g.to(ty).to(tl.float32)
+        u = u.to(ty).to(tl.float32)
         if GELU:
             z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
             act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z)))
@@ -422,6 +430,8 @@ class TritonKernels:
         if x.stride(1) != 1:
             x = x.contiguous()
         cfg = cfg or self.gemm_override.get((N, K, gated)) or gemm_config(M, N, K, gated, self.n_sm, x.element_size())
+        if gated and cfg.SPLIT > 1:  # split-K over all 2N rows, then the epilogue as its own kernel
+            return self.act_mul(self.linear(x, W, cfg=cfg), dtype=x.dtype)
         split = 1 if gated else cfg.SPLIT
         y = torch.empty((split, M, N), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
         grid = (triton_cdiv(N, cfg.BN), triton_cdiv(M, cfg.BM), split)
@@ -434,12 +444,14 @@ class TritonKernels:
                                                  W_BYTES=W.element_size()) if self.pdl else {}))
         return y[0] if gated else y
 
-    def act_mul(self, y: torch.Tensor) -> torch.Tensor:
-        """y (M, 2N) = [gate | up] -> act(gate) * up (M, N), one kernel (PyTorch needs three)."""
-        M, N2 = y.shape
-        o = torch.empty((M, N2 // 2), dtype=y.dtype, device=y.device)
+    def act_mul(self, y: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """y (M, 2N) = [gate | up], or (SPLIT, M, 2N) partial sums of it -> act(gate) * up (M, N) in
+        ``dtype`` (default y's), one kernel (PyTorch needs three)."""
+        y = y if y.dim() == 3 else y[None]
+        S_, M, N2 = y.shape
+        o = torch.empty((M, N2 // 2), dtype=dtype or y.dtype, device=y.device)
         BLOCK = 1024
-        _act_mul_kernel[(M, triton_cdiv(N2 // 2, BLOCK))](y.contiguous(), o, N2 // 2, BLOCK=BLOCK,
+        _act_mul_kernel[(M, triton_cdiv(N2 // 2, BLOCK))](y.contiguous(), o, M, N2 // 2, BLOCK=BLOCK, SPLIT=S_,
                                                          GELU=self.cfg.hidden_act != "silu", num_warps=4, **self._kw())
         return o
 
