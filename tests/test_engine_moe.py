@@ -13,7 +13,9 @@ import torch
 
 from orl.decode import DecodeConfig, decode
 from orl.engine.forward import StaticKV, bake, embed, forward
-from orl.engine.moe import PLAN_BLOCK, bake_moe, experts_torch, moe_bytes, moe_mlp, plan, plan_triton, route
+from orl.engine import moe as engine_moe
+from orl.engine.moe import (PLAN_BLOCK, MoEWeights, bake_moe, experts_torch, moe_bytes, moe_mlp, plan, plan_triton,
+                            route, route_triton)
 from orl.engine.runtime import EngineConfig, Runtime
 from orl.model import build_model, get_config
 from orl.model.layers import MoE
@@ -122,6 +124,102 @@ def test_plan_kernel_equals_plan(N, k, E, block, one):
     for key in ("order", "tok", "start", "count", "expert", "pos"):
         assert got[key].dtype == ref[key].dtype and torch.equal(got[key], ref[key]), key
     assert torch.equal(got["wsorted"], w.reshape(-1)[ref["order"]])
+
+
+def _triton_dev():
+    """cuda when there is a GPU, cpu under the Triton interpreter, else skip."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no GPU and Triton not in interpreter mode")
+    return "cpu"
+
+
+ROUTE_CASES = [  # (N, D, E, k, router_norm_topk, gemma, block_e): None = the default (one split on CPU)
+    (1, 64, 256, 8, True, False, None),     # LLaDA-2.1-mini's E and k, one token
+    (1, 64, 256, 8, True, False, 16),       # the CUDA default: 16 expert splits, the last one routes
+    (33, 64, 256, 8, True, False, 32),      # three token tiles, the last partial; 8 splits
+    (33, 96, 256, 8, False, False, None),
+    (33, 48, 60, 4, True, False, None),     # E not a power of two, D not a multiple of the D block
+    (33, 48, 60, 4, False, False, 16),
+    (7, 40, 5, 5, True, False, None),       # k = E < 16: padded experts never picked
+    (3, 16, 1, 1, True, False, None),       # one expert
+    (20, 40, 16, 3, True, True, None),      # Gemma 4 router (RMSNorm prelude, per-expert scale)
+    (33, 200, 60, 8, True, True, 16),
+    (9, 72, 128, 8, False, True, 32),
+]
+
+
+def _route_inputs(N, D, E, gemma, dev, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=g)
+    W = torch.randn(E, D, generator=g) * 1.5 * D ** -0.5  # logits ~ N(0, 1.5^2): no near ties
+    rs = torch.rand(D, generator=g) * 2 + 0.5 if gemma else None
+    pes = torch.rand(E, generator=g) + 0.5 if gemma else None
+    if gemma:  # after the RMSNorm prelude x has norm ~ 1: scale W back up
+        W = W * D ** 0.5
+    return [None if t is None else t.to(dev) for t in (x, W, rs, pes)]
+
+
+@pytest.mark.parametrize("N,D,E,k,norm,gemma,block_e", ROUTE_CASES)
+def test_route_kernel_equals_route(N, D, E, k, norm, gemma, block_e):
+    """The one-launch Triton router (interpreter on CPU, float32) == `route`: ids exactly, weights
+    within 1e-6, dtypes and shapes; a second launch gives the same and leaves the counters zero."""
+    dev = _triton_dev()
+    x, W, rs, pes = _route_inputs(N, D, E, gemma, dev, seed=N * 100 + E)
+    mw = MoEWeights(W, None, None, None, None, rs, pes)
+    cfg = get_config("llada", "tiny", num_experts=E, num_experts_per_tok=k, router_norm_topk=norm)
+    rw, rids = route(x, mw, cfg)
+    for _ in range(2):
+        w, ids = route_triton(x, W, k, norm, rs, pes, cfg.rms_eps, block_e=block_e)
+        assert ids.dtype == torch.long and w.dtype == torch.float32 and ids.shape == w.shape == (N, k)
+        assert torch.equal(ids, rids)
+        torch.testing.assert_close(w, rw, rtol=0, atol=1e-6)
+    for c in engine_moe._route_counters.values():
+        assert int(c.abs().sum()) == 0
+    got = torch.ops.orl.moe_route(x, W, rs, pes, k, norm, cfg.rms_eps)  # the custom op moe_mlp calls
+    assert torch.equal(got[1], rids)
+
+
+@pytest.mark.parametrize("block_e", [None, 16])
+def test_route_kernel_ties_take_the_lower_id(block_e):
+    """Equal probabilities at the k-th place: the lower ids are taken (torch.topk's CUDA order)."""
+    dev = _triton_dev()
+    v = torch.tensor([0, 3, 1, 3, 2, 3, 0, 3, 1, 1, 2, 0, 3, 0, 0, 1.])  # exact logits (x = 1, W = v / 16)
+    x, W = torch.ones(2, 16, device=dev), (v[:, None] / 16).expand(16, 16).contiguous().to(dev)
+    w, ids = route_triton(x, W, 4, True, block_e=block_e)
+    assert ids.tolist() == [[1, 3, 5, 7]] * 2 and torch.equal(w, torch.full_like(w, 0.25))
+    w, ids = route_triton(x, W, 6, False, block_e=block_e)  # five 3s, then the first of the 2s
+    assert ids.tolist() == [[1, 3, 4, 5, 7, 12]] * 2
+    p = torch.softmax(v, 0)
+    torch.testing.assert_close(w.cpu(), p[ids[0].cpu()].expand(2, 6), rtol=0, atol=1e-7)
+
+
+def test_route_op_registration():
+    """The custom op (what torch.compile sees): schema, fake tensors, dispatch."""
+    dev = _triton_dev()
+    x, W, rs, pes = _route_inputs(5, 32, 16, True, dev)
+    for args in ((x, W, None, None, 4, True, 1e-6), (x, W, rs, pes, 4, False, 1e-6)):
+        torch.library.opcheck(torch.ops.orl.moe_route.default, args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 needs the GPU (broken in the interpreter)")
+@pytest.mark.parametrize("block_e", [None, 256])
+def test_route_kernel_bf16_llada_mini_on_cuda(block_e):
+    """LLaDA-2.1-mini's router (D 2048, E 256, k 8, 32 tokens) in bf16: the same ids as `route`
+    except where a logit's bf16 rounding (summation order) decides the k-th place; weights within
+    that rounding."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 2048, generator=g).cuda().bfloat16()
+    W = (torch.randn(256, 2048, generator=g) * 0.02).cuda().bfloat16()
+    cfg = get_config("llada", "tiny", num_experts=256, num_experts_per_tok=8)
+    rw, rids = route(x, MoEWeights(W, None, None, None, None, None, None), cfg)
+    w, ids = route_triton(x, W, 8, True, block_e=block_e)
+    same = (ids == rids).all(-1)
+    assert int(same.sum()) >= 30, (ids[~same], rids[~same])
+    torch.testing.assert_close(w[same], rw[same], rtol=2e-2, atol=1e-4)
 
 
 def test_experts_torch_chunks_give_the_same_result():

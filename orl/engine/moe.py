@@ -8,7 +8,10 @@ Owns, for one MoE layer at batch 1:
     top-k weights, Gemma-4 router scale and per-expert scale, the same activation and the same
     order of additions: per token the routed experts in ascending id, then the shared expert).
     Two backends with one contract:
-      "triton"  the T x k (token, expert) assignments are sorted by expert on the device by one
+      "triton"  routing is one launch (``route_triton``, kernel ``orl_moe_route``; ``route`` is its
+                PyTorch reference): router GEMM, softmax, top-k, renormalisation, Gemma-4 scales and
+                the ascending-id order of each token's k experts; then
+                the T x k (token, expert) assignments are sorted by expert on the device by one
                 single-program Triton kernel (``plan_triton``; ``plan`` is its PyTorch reference); a grid
                 over a static maximum of ``min(E, T k)`` expert slots runs two grouped kernels
                 (gate/up + activation, then down + routing weight), where a slot with no tokens
@@ -16,7 +19,9 @@ Owns, for one MoE layer at batch 1:
                 once for all the slot's tokens (up to ``BLOCK_T`` of them; more tokens, as in a
                 prefill, loop over the tile again); a third kernel sums each token's k outputs in
                 expert order and adds the shared expert. Static shapes, no host reads: CUDA-graph
-                safe. A `torch.library` custom op, so torch.compile treats it as one opaque call.
+                safe. Two `torch.library` custom ops (routing, experts), so torch.compile treats each
+                as one opaque call. Kernels per layer: route 1, plan 1, gate/up 1, down 1, combine 1
+                (plus the shared expert's GEMMs and activation, in PyTorch).
       "torch"   gathers each assignment's expert weights (the slow twin; CPU, or no Triton).
     Under ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors (tests).
   * ``moe_bytes``: the weight bytes one forward reads from a MoE layer, counting only the experts
@@ -75,6 +80,86 @@ def route(x: torch.Tensor, mw: MoEWeights, cfg) -> tuple[torch.Tensor, torch.Ten
         w = w * mw.per_expert_scale[idx]
     idx, order = idx.sort(-1)
     return w.gather(-1, order), idx
+
+
+ROUTE_BLOCK_T = 16      # tokens per program of the routing kernel (tl.dot's minimum)
+ROUTE_COUNTERS = 4096   # per-device split counters of the routing kernel: token tiles of one launch
+_route_counters: dict = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The routing kernel's split counters on ``device``: zeroed once, left zero by every launch.
+    Allocated on first use outside a CUDA-graph capture and kept; a first use inside a capture gets
+    a fresh zeroed buffer (a memset captured with the graph) instead, so no kept tensor lives in a
+    graph's pool. Launches on one device must not overlap (one stream, as the engine runs)."""
+    c = _route_counters.get(device)
+    if c is not None:
+        return c
+    c = torch.zeros(ROUTE_COUNTERS, dtype=torch.int32, device=device)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _route_counters[device] = c
+    return c
+
+
+def route_triton(x: torch.Tensor, router: torch.Tensor, k: int, norm_topk: bool,
+                 router_scale: Optional[torch.Tensor] = None, per_expert_scale: Optional[torch.Tensor] = None,
+                 eps: float = 1e-6, block_e: Optional[int] = None, block_t: int = ROUTE_BLOCK_T,
+                 num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route` in one Triton launch (`moe_kernels.orl_moe_route`): x (N, D), router (E, D) ->
+    weights (N, k) float32, ids (N, k) int64, each row in ascending id. ``norm_topk`` is
+    ``cfg.router_norm_topk``; router_scale / per_expert_scale (both or neither) the Gemma 4 router.
+    The logits are x @ router^T accumulated in float32 and rounded to x's dtype (F.linear), softmax
+    and top-k in float32; of equal probabilities the lower id is taken (torch.topk's CUDA order; its
+    CPU order is unspecified). Same ids as `route` unless summation order moves a logit across a
+    rounding boundary at the k-th place; weights within float32 rounding (reduction order).
+    ``block_e`` (power of two >= 16): experts per program; below the padded E (the default on CUDA,
+    ``E_pad / 16``) the experts are split over programs and the last of a token tile routes it
+    (split counters: `_counters`); the whole E_pad (the default on CPU) routes in the same program.
+    Static shapes, no host reads (CUDA-graph safe)."""
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError("the Triton routing kernel needs CUDA tensors (or TRITON_INTERPRET=1); use route()")
+    from . import moe_kernels as mk  # noqa: PLC0415
+    x, router = x.contiguous(), router.contiguous()
+    N, D = x.shape
+    E = router.shape[0]
+    if not 1 <= k <= E:
+        raise ValueError(f"top-k {k} must be in [1, {E}]")
+    gemma = router_scale is not None
+    if gemma != (per_expert_scale is not None):
+        raise ValueError("the Gemma 4 router needs both router_scale and per_expert_scale")
+    e_pad = max(16, _pow2(E))
+    tiles = _cdiv(N, block_t)
+    if block_e is None:
+        block_e = max(16, e_pad // 16) if x.is_cuda else e_pad
+    block_e = min(block_e, e_pad)
+    if tiles > ROUTE_COUNTERS:
+        block_e = e_pad
+    split = e_pad // block_e
+    dev = x.device
+    w = torch.empty(N, k, dtype=torch.float32, device=dev)
+    ids = torch.empty(N, k, dtype=torch.long, device=dev)
+    lg = torch.empty(tiles * block_t, e_pad, dtype=torch.float32, device=dev) if split > 1 else w
+    cnt = _counters(dev) if split > 1 else ids
+    fp32 = x.dtype == torch.float32
+    # a router tile of <= 32 KiB per reduction step, so the pipeline's stages fit in shared memory
+    bd = max(16, min(256, _pow2(D), 32768 // (block_e * x.element_size())))
+    mk.orl_moe_route[(tiles, split)](
+        x, router, router_scale.contiguous() if gemma else x, per_expert_scale.contiguous() if gemma else w, lg, cnt,
+        w, ids, N, float(eps), float(D ** -0.5), D=D, E=E, K_TOP=k, BLOCK_T=block_t, BLOCK_E=block_e, E_PAD=e_pad,
+        BLOCK_D=bd, NORM=bool(norm_topk), GEMMA=gemma, FP32=fp32, num_warps=num_warps)
+    return w, ids
+
+
+@torch.library.custom_op("orl::moe_route", mutates_args=())
+def _moe_route_op(x: torch.Tensor, router: torch.Tensor, router_scale: Optional[torch.Tensor],
+                  per_expert_scale: Optional[torch.Tensor], k: int, norm_topk: bool,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return route_triton(x, router, k, norm_topk, router_scale, per_expert_scale, eps)
+
+
+@_moe_route_op.register_fake
+def _(x, router, router_scale, per_expert_scale, k, norm_topk, eps):
+    return x.new_empty(x.shape[0], k, dtype=torch.float32), x.new_empty(x.shape[0], k, dtype=torch.long)
 
 
 def _act(g: torch.Tensor, cfg) -> torch.Tensor:
@@ -240,9 +325,15 @@ def moe_mlp(h: torch.Tensor, mw: MoEWeights, cfg, router_input: Optional[torch.T
     on CUDA when importable, else the PyTorch twin."""
     shape = h.shape
     x = h.reshape(-1, shape[-1])
-    w, ids = route(x if router_input is None else router_input.reshape(-1, shape[-1]), mw, cfg)
+    rx = x if router_input is None else router_input.reshape(-1, shape[-1])
+    use_triton = pick_backend(backend, x.device) == "triton"
+    if use_triton:  # one routing kernel (`route_triton`) instead of route's ~8
+        w, ids = torch.ops.orl.moe_route(rx, mw.router, mw.router_scale, mw.per_expert_scale,
+                                         cfg.num_experts_per_tok, bool(cfg.router_norm_topk), float(cfg.rms_eps))
+    else:
+        w, ids = route(rx, mw, cfg)
     shared = shared_mlp(x, mw, cfg) if mw.shared_gate_up is not None else None
-    if pick_backend(backend, x.device) == "triton":
+    if use_triton:
         out = torch.ops.orl.moe_experts(x, ids, w, mw.gate_up, mw.down, shared, cfg.hidden_act != "silu",
                                         mw.router_scale is not None)
     else:

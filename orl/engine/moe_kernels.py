@@ -1,5 +1,10 @@
 """Triton kernels of the engine's grouped MoE (`orl.engine.moe` owns the layout and the contract).
 
+The router (`orl.engine.moe.route_triton` owns its contract):
+  ``orl_moe_route``    grid (tokens / BLOCK_T, experts / BLOCK_E): router logits of a token tile and
+                       an expert block; the tile's last block (a split counter) takes softmax, top-k,
+                       renormalisation and the Gemma 4 scales and writes the k (weight, id) of each
+                       token in ascending id (`orl.engine.moe.route`, in one launch)
 Three kernels over the (token, expert) assignments sorted by expert, grouped into slots (one
 slot per expert the tokens route to; ``count == 0`` marks an inactive slot), and the layout:
   ``orl_moe_plan``     grid (1,): `orl.engine.moe.plan` (sort by expert, slots, inverse permutation)
@@ -17,7 +22,8 @@ the tensors' dtype (the linear outputs, the activation and the product are each 
 dots use IEEE precision (no TF32), as torch does by default.
 Importing this module imports Triton; `TRITON_INTERPRET=1` (set before the import) runs the kernels
 on CPU tensors (fp32 only: bf16 is broken in the interpreter).
-Does not own: routing, the layout's contract (`orl.engine.moe.plan`), the PyTorch twin.
+Does not own: the routing and layout contracts (`orl.engine.moe.route`, `orl.engine.moe.plan`), the
+PyTorch twin.
 """
 import triton
 import triton.language as tl
@@ -195,3 +201,94 @@ def orl_moe_plan(ids_ptr, w_ptr, order_ptr, tok_ptr, pos_ptr, wsorted_ptr, start
             tl.store(wsorted_ptr + s, tl.load(w_ptr + p, mask=ms, other=0.0).to(tl.float32), mask=ms)
             base += ch
             c0 += BLOCK
+
+
+@triton.jit
+def _route_tail(lg, offs_t, N, pes_ptr, w_ptr, ids_ptr, E: tl.constexpr, E_PAD: tl.constexpr, K_TOP: tl.constexpr,
+                BLOCK_T: tl.constexpr, NORM: tl.constexpr, GEMMA: tl.constexpr):
+    """Router logits lg (BLOCK_T, E_PAD) float32 of tokens offs_t -> their k weights and ids, each row
+    in ascending id: softmax, top-k by value (of equal values the lower id first: torch.topk's CUDA
+    order), renormalised (NORM), times the per-expert scale (GEMMA), stored at the slot given by the
+    id's rank among the row's k (a cumsum of the selection; no sort)."""
+    offs_e = tl.arange(0, E_PAD)
+    valid = (offs_e < E)[None, :]
+    lg = tl.where(valid, lg, float("-inf"))
+    ex = tl.exp(lg - tl.max(lg, 1)[:, None])  # the padding: exp(-inf) = 0
+    p = tl.math.div_rn(ex, tl.sum(ex, 1)[:, None])
+    left = tl.where(valid, p, -1.0)  # probabilities are >= 0: the padding is never picked (k <= E)
+    sel = tl.zeros((BLOCK_T, E_PAD), dtype=tl.int32)
+    tot = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for j in tl.static_range(K_TOP):  # the j-th largest; summed in descending order as w.sum(-1)
+        m = tl.max(left, 1)
+        i = tl.min(tl.where(left == m[:, None], offs_e[None, :], E_PAD), 1)
+        hit = offs_e[None, :] == i[:, None]
+        sel = tl.where(hit, 1, sel)
+        left = tl.where(hit, -2.0, left)
+        tot += m
+    w = p
+    if NORM:
+        w = tl.math.div_rn(p, tot[:, None])
+    if GEMMA:
+        w = w * tl.load(pes_ptr + offs_e, mask=offs_e < E, other=0.0).to(tl.float32)[None, :]
+    dst = offs_t[:, None] * K_TOP + tl.cumsum(sel, 1) - sel
+    ms = (sel > 0) & (offs_t < N)[:, None]
+    tl.store(w_ptr + dst, w, mask=ms)
+    tl.store(ids_ptr + dst, (offs_e[None, :] + tl.zeros((BLOCK_T, E_PAD), dtype=tl.int32)).to(tl.int64), mask=ms)
+
+
+@triton.jit
+def orl_moe_route(x_ptr, r_ptr, rscale_ptr, pes_ptr, lg_ptr, cnt_ptr, w_ptr, ids_ptr, N, eps, x_mul,
+                  D: tl.constexpr, E: tl.constexpr, K_TOP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                  E_PAD: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr, GEMMA: tl.constexpr,
+                  FP32: tl.constexpr):
+    """`orl.engine.moe.route` in one launch, grid (tokens / BLOCK_T, E_PAD / BLOCK_E): program
+    (tb, s) computes the router logits of tokens tb*BLOCK_T.. for experts s*BLOCK_E.. (x @ W^T in
+    float32, rounded to x's dtype as F.linear's output); with one split (BLOCK_E == E_PAD) it goes
+    on to `_route_tail`, else it writes them to lg (token tile rows, E_PAD) and the last split of
+    the tile to arrive (a counter per tile, acquire/release, reset to 0 by that program, so graph
+    replays find it zero) reads the tile's logits back and runs `_route_tail`.
+    GEMMA: x is first replaced by round(round(round(x * rsqrt(mean(x^2) + eps)) * scale) * x_mul)
+    (the scale-free RMSNorm, router_scale, D^-1/2, each rounded to x's dtype as torch would)."""
+    OUT = x_ptr.dtype.element_ty
+    tb = tl.program_id(0)
+    s = tl.program_id(1)
+    offs_t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    mt = offs_t < N
+    offs_e = s * BLOCK_E + tl.arange(0, BLOCK_E)
+    me = offs_e < E
+    x_rows = x_ptr + offs_t[:, None].to(tl.int64) * D
+    if GEMMA:
+        ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            xf = tl.load(x_rows + offs_d[None, :], mask=mt[:, None] & (offs_d < D)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+        rs = tl.math.rsqrt(ss * (1.0 / D) + eps)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        md = offs_d < D
+        xt = tl.load(x_rows + offs_d[None, :], mask=mt[:, None] & md[None, :], other=0.0)
+        if GEMMA:
+            xn = (xt.to(tl.float32) * rs[:, None]).to(OUT).to(tl.float32)
+            sc = tl.load(rscale_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
+            xn = (xn * sc[None, :]).to(OUT).to(tl.float32)
+            xt = (xn * x_mul).to(OUT)
+        wt = tl.load(r_ptr + offs_e[:, None].to(tl.int64) * D + offs_d[None, :], mask=me[:, None] & md[None, :],
+                     other=0.0)
+        if FP32:
+            acc = tl.dot(xt, tl.trans(wt), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, tl.trans(wt), acc)
+    lg = acc.to(OUT).to(tl.float32)
+    if BLOCK_E == E_PAD:
+        _route_tail(lg, offs_t, N, pes_ptr, w_ptr, ids_ptr, E, E_PAD, K_TOP, BLOCK_T, NORM, GEMMA)
+    else:
+        rows = offs_t[:, None].to(tl.int64) * E_PAD
+        tl.store(lg_ptr + rows + offs_e[None, :], lg)
+        tl.debug_barrier()  # every thread's logits are written before the release below
+        done = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
+        if done == E_PAD // BLOCK_E - 1:  # the last split of this token tile routes it
+            lg = tl.load(lg_ptr + rows + tl.arange(0, E_PAD)[None, :], cache_modifier=".cg")
+            _route_tail(lg, offs_t, N, pes_ptr, w_ptr, ids_ptr, E, E_PAD, K_TOP, BLOCK_T, NORM, GEMMA)
+            tl.atomic_xchg(cnt_ptr + tb, 0)  # ready for the next launch (graph replays too)
