@@ -7,6 +7,11 @@
     and `Runtime.decode` with the same seed give the same canvases, tokens and rounds -- sampled
     and greedy, with early stopping, re-noising, EOS, with and without fold_commit.
   * the device sampler's pieces: temperature bit for bit, the counter RNG, a finished round is a no-op.
+  * the fused sampler (`orl.engine.dgemma_kernels`, Triton interpreter, float32): per position the
+    argmax, the inverse-CDF token, the entropy (1e-5) and the self-conditioning probabilities (1e-6)
+    of `dgemma_round`'s torch ops, over several vocab sizes, block splits, temperatures, greedy and
+    sampled, near-ties, -inf logits and exact CDF boundaries; `dgemma_round_fused`'s canvas, history
+    and stop equal `dgemma_round`'s; and a whole decode with ``sampler="triton"`` equals the reference.
 """
 import math
 
@@ -15,6 +20,7 @@ import torch
 
 from orl.decode import DecodeConfig, decode
 from orl.decode import samplers as Smp
+from orl.engine import dgemma_kernels as DK
 from orl.engine import dgemma_sampler as DS
 from orl.engine.dgemma import DGemmaRuntime
 from orl.engine.dgemma_forward import DGStaticKV, bake, forward
@@ -196,3 +202,139 @@ def test_refusals(model):
         rt.decode(_ids(3, 1), _cfg(block_size=8))
     with pytest.raises(ValueError, match="max_len"):
         rt.decode(_ids(3, 1), _cfg(max_new_tokens=64))
+
+
+# ------------------------------------------------------------------------------ fused sampler
+def _hard_rows(K, V, seed):
+    """(1, K, V) float32 logits, std ~3, with the rows that stress the rules: an exact tie of the max
+    (first index wins), maxima one ulp apart (a tie after / T), a peaked row (low entropy), a flat
+    row, the max at the first / last index, -inf logits and a whole block of them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, K, V, generator=g) * 3
+    r = x[0]
+    r[0, 5] = r[0, V - 3] = r[0].max() + 1
+    r[1, 7] = r[1].max() + 1
+    r[1, 2] = torch.nextafter(r[1, 7], torch.tensor(-1e9))
+    r[2, V // 2] = 40.0
+    r[3] = 0.5
+    r[4, 0] = r[4].max() + 0.5
+    r[5, V - 1] = r[5].max() + 0.5
+    r[6, 3:9] = float("-inf")
+    r[7, 16:32] = float("-inf")
+    return x
+
+
+def _torch_rows(x, T, u, dtype=torch.float32):
+    lg = x.float() / T
+    tok = lg.argmax(-1) if u is None else DS.sample_inverse_cdf(torch.softmax(lg, -1), u)
+    return lg.argmax(-1), tok, Smp.dgemma_entropy(lg), Smp.dgemma_selfcond_probs(lg, dtype)
+
+
+def _assert_same_accept(ent, r_ent, bound, tol=1e-4):
+    """The same accepted positions, except between positions whose entropies tie to within the
+    float32 error (rows 0 and 1 of `_hard_rows` are both ln 2 at a low temperature: the order of an
+    exact tie decides, and torch's values carry ~1e-5 of rounding)."""
+    a, b = Smp.dgemma_accept(ent, bound)[0], Smp.dgemma_accept(r_ent, bound)[0]
+    diff = (a != b).nonzero().flatten().tolist()
+    assert int(a.sum()) == int(b.sum())
+    for i in diff:
+        assert any(j != i and abs(float(r_ent[0, i] - r_ent[0, j])) < tol for j in diff), (i, r_ent)
+
+
+@pytest.mark.parametrize("V,K,block", [(64, 8, 16), (64, 16, None), (1000, 16, 128), (1000, 8, None), (257, 8, 32)])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_fused_rows_match_torch(V, K, block, greedy):
+    x = _hard_rows(K, V, V + K)
+    seed, f = torch.tensor([3]), lambda v: torch.tensor([v], dtype=torch.float32)  # noqa: E731
+    for step, N, lo, hi in ((0, 6, 0.4, 0.8), (5, 6, 0.4, 0.8), (2, 7, 0.01, 0.02), (0, 3, 1.0, 2.5)):
+        T = DS.temperature(torch.tensor([step]), torch.tensor([N]), f(lo), f(hi - lo))
+        for counter in range(3):
+            u = None if greedy else DS.uniform(seed, torch.tensor([counter]), DS.STREAM_SAMPLE, K).view(1, K)
+            arg, tok, ent, probs = DK.round_rows(x, T, u, torch.float32, block=block)
+            r_arg, r_tok, r_ent, r_probs = _torch_rows(x, T, u)
+            assert torch.equal(arg, r_arg) and torch.equal(tok, r_tok), (step, counter)
+            # the entropy: within 1e-5 of torch's, beyond that only by torch's own float32 error (at low
+            # temperatures |lg| ~ 1e3 and torch's lg - logsumexp(lg) loses ~1e-5; the kernel works
+            # relative to the max); within 2e-6 of float64
+            e64 = Smp.dgemma_entropy(x.double() / T.double())
+            assert ((ent - r_ent).abs() <= 1e-5 + (r_ent - e64).abs()).all()
+            torch.testing.assert_close(ent, e64.float(), rtol=0, atol=2e-6)
+            torch.testing.assert_close(probs, r_probs, rtol=0, atol=1e-6)
+            for bound in (0.1, 2.0, 8.0):
+                _assert_same_accept(ent, r_ent, f(bound))
+            a2, t2, e2, p2 = DK.round_rows(x, T, u, block=block)  # without the probabilities
+            assert p2 is None and torch.equal(a2, arg) and torch.equal(t2, tok) and torch.equal(e2, ent)
+    assert int(arg[0, 0]) == 5 and int(arg[0, 1]) in (2, 7) and int(arg[0, 4]) == 0 and int(arg[0, 5]) == V - 1
+
+
+def test_fused_rows_cdf_boundaries():
+    """Where float rounding cannot differ (probabilities 1/4 exactly): the first index whose
+    cumulative probability EXCEEDS u * total; u = 1 gives V - 1 (torch's clamp), u = 0 the first
+    index of non-zero probability; also across blocks."""
+    V = 96
+    x = torch.full((1, 5, V), -200.0)  # exp(-200 - max) is 0 in float32
+    x[..., [10, 40, 41, 70]] = 1.0
+    u = torch.tensor([[0.5, 1.0, 0.0, 0.25, 0.75]])
+    want = [41, V - 1, 10, 40, 70]
+    for block in (16, 32, None):
+        _, tok, _, _ = DK.round_rows(x, torch.tensor([1.0]), u, block=block)
+        assert tok[0].tolist() == want == DS.sample_inverse_cdf(torch.softmax(x, -1), u)[0].tolist()
+
+
+def test_fused_rows_rounded_probs():
+    """The self-conditioning distribution over logits rounded to a half dtype (fp16 here: bf16 is
+    unreliable in the interpreter), written in that dtype."""
+    x, T = _hard_rows(8, 300, 1), torch.tensor([0.6])
+    lg = x / T
+    _, _, _, p = DK.round_rows(x, T, None, torch.float16, block=64)
+    assert p.dtype == torch.float16
+    torch.testing.assert_close(p.float(), Smp.dgemma_selfcond_probs(lg, torch.float16), rtol=1e-3, atol=1e-6)
+    _, _, _, p = DK.round_rows(x, T, None, torch.float32, torch.float16, block=64)
+    torch.testing.assert_close(p, Smp.dgemma_selfcond_probs(lg, torch.float16), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_fused_round_matches_torch(greedy):
+    K, V = 16, 500
+    f = lambda v: torch.tensor([v], dtype=torch.float32)  # noqa: E731
+    i = lambda v: torch.tensor([v])  # noqa: E731
+    rounds = ((0, 6, 0.4, 0.8, 0.1, 0.005, 1), (3, 6, 0.4, 0.8, 2.0, 5.0, 2), (5, 6, 0.4, 0.8, 0.5, 5.0, 0),
+              (1, 9, 0.01, 0.02, 1.0, 3.0, 1))  # step, N, t_min, t_max, bound, conf, stability window
+    for n, (step, N, lo, hi, bound, conf, s) in enumerate(rounds):
+        x = _hard_rows(K, V, 50 + n)
+        x[0, 8:] = x[0, 8:] * 0.1  # some flatter rows
+        x[0, 0, 5] += 1  # no exact tie of two rows' entropies (ln 2 at a low temperature)
+        hist = torch.full((s, 1, K), -1)
+        if s:
+            hist[-1] = (x / DS.temperature(i(step), i(N), f(lo), f(hi - lo))).argmax(-1)  # stable when s = 1
+        args = (x, hist, i(step), i(N), f(lo), f(hi - lo), f(bound), f(conf), i(9), i(n), greedy)
+        lg, canvas, new_hist, fin = DS.dgemma_round(*args)
+        probs, canvas2, new_hist2, fin2 = DS.dgemma_round_fused(*args, probs_dtype=torch.float32)
+        assert torch.equal(canvas2, canvas) and torch.equal(new_hist2, new_hist) and torch.equal(fin2, fin), n
+        torch.testing.assert_close(probs, Smp.dgemma_selfcond_probs(lg, torch.float32), rtol=0, atol=1e-6)
+        assert DS.dgemma_round_fused(*args)[0] is None
+
+
+@pytest.mark.parametrize("name", ["sampled, schedule", "sampled, not folded", "greedy, stability 0",
+                                  "low temperature: early stop", "no self-conditioning"])
+def test_decode_fused_sampler_matches_reference(model, name, monkeypatch):
+    monkeypatch.setattr(DK, "BLOCK", 64)  # vocab 256: four blocks a row
+    P, kw, fold, _ = CASES[name]
+    cfg, prompt, seed = _cfg(**kw), _ids(P, 7), 11
+    ref = _reference(model, prompt, cfg, seed)
+    rt = Runtime(model, 16, mode="eager", max_len=160, fold_commit=fold, bucket=32, sampler="triton")
+    assert rt.sampler == "triton"
+    out = rt.decode(prompt, cfg, seed=seed)
+    assert out.block_tokens == ref.block_tokens
+    assert out.tokens == ref.tokens
+    assert out.steps_per_block == ref.steps_per_block
+    assert out.finish_reason == ref.finish_reason
+
+
+def test_sampler_choice(model, monkeypatch):
+    assert Runtime(model, 16, mode="eager", max_len=64).sampler == "torch"  # the CPU default
+    with pytest.raises(ValueError, match="sampler"):
+        Runtime(model, 16, mode="eager", max_len=64, sampler="cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        Runtime(model, 16, mode="eager", max_len=64, sampler="triton")

@@ -9,8 +9,9 @@ a uniform-noise model) with the DiffusionGemma pieces (docs/diffusiongemma-spec.
            causally in the same forward, its rows in encoder mode, the canvas rows in decoder mode)
   round    decoder forward over the canvas (bidirectional; cache + canvas, sliding layers the last
            W - 1 cached slots) with the self-conditioning input z -> `dgemma_sampler.dgemma_round`
-           (temperature schedule, sample, entropy-bound accept, re-noise, stop test) -> z of the
-           processed logits -> device flag "go on?"
+           (temperature schedule, sample, entropy-bound accept, re-noise, stop test; or
+           ``dgemma_round_fused``, the same in one Triton kernel over the logits: ``sampler``) -> z of
+           the processed logits -> device flag "go on?"
   end      the committed canvas is the last argmax; its causal encoder pass (or folded, as above)
 A round is a no-op once the flag is down, so an extra round (graph warm-up) changes nothing.
 Random numbers come from `orl.engine.dgemma_sampler`'s counter RNG (seed per request, counter in
@@ -24,6 +25,7 @@ Shapes: P prompt length, K canvas length, D hidden, V vocab, S attended cache sl
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -39,9 +41,14 @@ from .runtime import DTYPES, EngineConfig, Runtime
 class DGemmaRuntime(Runtime):
     """Runtime for DiffusionGemma-configured models (``config.noise == "uniform"``). ``decode``
     takes ``seed`` (the counter RNG's; greedy decoding still draws the starting canvas and the
-    re-noising). ``compile`` (None) stays off: compiling 30 MoE layers is left to callers."""
+    re-noising). ``compile`` (None) stays off: compiling 30 MoE layers is left to callers.
+    ``sampler``: the round's per-position work over the logits -- "torch" (`dgemma_sampler.dgemma_round`,
+    the reference), "triton" (`dgemma_sampler.dgemma_round_fused`: one fused kernel, equal up to float
+    rounding; CUDA, or CPU under ``TRITON_INTERPRET=1``), "auto": "triton" on CUDA when Triton
+    imports, else "torch"."""
 
-    def __init__(self, model, block_size: int | None = None, config: EngineConfig | None = None, **overrides):
+    def __init__(self, model, block_size: int | None = None, config: EngineConfig | None = None, *,
+                 sampler: str = "auto", **overrides):
         self.config = dataclasses.replace(config or EngineConfig(), **overrides)
         ec = self.config
         self.mcfg = mcfg = model.config
@@ -53,6 +60,7 @@ class DGemmaRuntime(Runtime):
         self.device = dev = self.w.embed.device
         self.kv = DF.DGStaticKV(mcfg, ec.max_len, self.w.dtype, dev)
         self.mode = self._pick_mode(ec.mode)
+        self.sampler = self._pick_sampler(sampler)
         self._layer = torch.compile(DF.layer, dynamic=False) if ec.compile else DF.layer
         z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
         # ---- static state, allocated once (graphs read and write only these) ----
@@ -81,6 +89,18 @@ class DGemmaRuntime(Runtime):
         self._out_host = torch.zeros(K + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
 
     # ------------------------------------------------------------------ setup
+    def _pick_sampler(self, sampler: str) -> str:
+        if sampler not in ("auto", "torch", "triton"):
+            raise ValueError(f"sampler must be 'auto', 'torch' or 'triton', got {sampler!r}")
+        cuda = self.device.type == "cuda"
+        if sampler == "auto":
+            from .moe import triton_available  # noqa: PLC0415
+            return "triton" if cuda and triton_available() else "torch"
+        if sampler == "triton" and not (cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+            raise ValueError("sampler 'triton' needs the model on a CUDA device (or TRITON_INTERPRET=1 for the CPU "
+                             "interpreter); use sampler='torch'")
+        return sampler
+
     def set_request(self, cfg: DecodeConfig, mask_id: int | None = None, seed: int | None = None) -> None:
         """One request's numbers into the device buffers (no recapture); the RNG counter restarts.
         ``seed`` None: ``self.request_seed`` (set by ``decode``)."""
@@ -116,9 +136,14 @@ class DGemmaRuntime(Runtime):
         """One round's decision (gated by the flag: a no-op on a finished canvas)."""
         _, use_res, greedy, _ = self._key_extra
         act = self.flag.clone()
-        lg, canvas, hist, finished = DS.dgemma_round(logits, self.hist, self.step, self.max_steps, self.t_min,
-                                                     self.t_span, self.bound, self.conf, self.seed, self.counter,
-                                                     greedy)
+        args = (logits, self.hist, self.step, self.max_steps, self.t_min, self.t_span, self.bound, self.conf,
+                self.seed, self.counter, greedy)
+        if self.sampler == "triton":  # the probabilities come out in the embedding's dtype, as soft_embed casts
+            probs, canvas, hist, finished = DS.dgemma_round_fused(
+                *args, probs_dtype=self.w.embed.dtype if use_res else None, round_dtype=self.w.dtype)
+        else:
+            lg, canvas, hist, finished = DS.dgemma_round(*args)
+            probs = Smp.dgemma_selfcond_probs(lg, self.w.dtype) if use_res else None
         self.canvas.copy_(torch.where(act[:, None], canvas, self.canvas))
         if self.hist.shape[0]:
             self.hist.copy_(torch.where(act[None, :, None], hist, self.hist))
@@ -126,7 +151,7 @@ class DGemmaRuntime(Runtime):
         self.counter.add_(act.long())
         self.flag.copy_(act & ~finished)
         if use_res:  # HF: z from the processed (temperature-scaled) logits, cast to the embedding dtype
-            self.z.copy_(F_.soft_embed(self.w, Smp.dgemma_selfcond_probs(lg, self.w.dtype)))
+            self.z.copy_(F_.soft_embed(self.w, probs))
 
     def _start(self, fold: bool, S: int) -> None:
         """A fresh random canvas and its first round (no self-conditioning: z = 0); with ``fold`` the

@@ -12,6 +12,8 @@ Owns:
     sample (inverse CDF on one uniform per position; or argmax), entropy-bound acceptance, uniform
     re-noising of the others, the stability + confidence stop. The samplers' own functions
     (`orl.decode.samplers`) are called where they are graph-safe, so the numerics are theirs.
+  * ``dgemma_round_fused``: the same round with the per-position passes over the logits in one
+    Triton kernel (`orl.engine.dgemma_kernels`), equal up to float rounding; the engine's choice on CUDA.
   * ``reference_rng``: the reference decoder driven by the same random stream, for parity checks
     (tests/test_engine_dgemma.py, benchmarks/engine.py).
 Deviation from HF: the draws are not torch's Philox stream, and a sample is the inverse CDF of a
@@ -89,7 +91,7 @@ def dgemma_round(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed
     hist (s, 1, K) argmax history (-1 at a canvas start); step, max_steps, seed, counter (1,) int64;
     t_min, t_span, bound (nats), conf (nats) (1,) float32. Returns (processed logits lg (1, K, V)
     float32, the next canvas (1, K), the next history, finished (1,) bool). Draws use ``counter``;
-    the caller advances it."""
+    the caller advances it. The reference of `dgemma_round_fused`."""
     K, V = logits.shape[1], logits.shape[2]
     lg = logits.float() / temperature(step, max_steps, t_min, t_span)
     arg = lg.argmax(-1)
@@ -98,12 +100,37 @@ def dgemma_round(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed
     else:
         tok = sample_inverse_cdf(torch.softmax(lg, dim=-1), uniform(seed, counter, STREAM_SAMPLE, K).view(1, K))
     ent = Smp.dgemma_entropy(lg)
+    return (lg, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V))
+
+
+def dgemma_round_fused(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed, counter, greedy: bool,
+                       probs_dtype: torch.dtype | None = None, round_dtype: torch.dtype | None = None):
+    """`dgemma_round` with the per-position work over the logits (temperature, argmax, sample,
+    entropy) in one Triton kernel (`orl.engine.dgemma_kernels`: one read of the logits, one more
+    with the probabilities) and the same K-sized decisions after it. Returns (the self-conditioning
+    probabilities ``dgemma_selfcond_probs(lg, round_dtype)`` (1, K, V) in ``probs_dtype``, or None
+    when ``probs_dtype`` is None, the next canvas, the next history, finished). Equals
+    `dgemma_round` up to float rounding (entropies and probabilities to ~1e-6 relative; a token, an
+    acceptance or the stop can differ only at a rounding boundary). Needs CUDA tensors or
+    ``TRITON_INTERPRET=1`` (float32)."""
+    from . import dgemma_kernels as DK  # noqa: PLC0415 - Triton is imported on first use only
+    K, V = logits.shape[1], logits.shape[2]
+    u = None if greedy else uniform(seed, counter, STREAM_SAMPLE, K).view(1, K)
+    arg, tok, ent, probs = DK.round_rows(logits, temperature(step, max_steps, t_min, t_span), u, probs_dtype,
+                                         round_dtype)
+    return (probs, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V))
+
+
+def _round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V: int):
+    """A round's decisions from the per-position argmax, token and entropy (1, K): entropy-bound
+    acceptance, re-noising of the others, the stability + confidence stop."""
+    K = arg.shape[1]
     take = Smp.dgemma_accept(ent, bound)
     noise = randint(seed, counter, STREAM_NOISE, K, V).view(1, K)
     stable, new_hist = Smp.dgemma_stable(hist, arg)
     finished = (stable & (ent.mean(-1) < conf)) | (step + 1 >= max_steps)
     canvas = torch.where(finished[:, None], arg, torch.where(take, tok, noise))
-    return lg, canvas, new_hist, finished
+    return canvas, new_hist, finished
 
 
 # ------------------------------------------------------------------------------- parity
