@@ -314,7 +314,7 @@ with torch.no_grad():
         x, r = torch.randn(1, T, cfg.hidden_size), torch.randn(1, T, cfg.hidden_size)
         ri = r if cfg.router_scale else None
         torch.testing.assert_close(moe_mlp(x, mw, cfg, router_input=ri, backend="triton"),
-                                   m(x, router_input=ri), rtol=1e-5, atol=1e-5)
+                                   m(x, router_input=ri), rtol=5e-5, atol=5e-5)  # float32, other summation orders
     model = _llada()
     K = model.config.block_size
     cfg = DecodeConfig(rule="llada", block_size=K, max_new_tokens=2 * K, threshold=0.5, edit_threshold=0.3)

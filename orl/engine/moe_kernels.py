@@ -289,6 +289,6 @@ def orl_moe_route(x_ptr, r_ptr, rscale_ptr, pes_ptr, lg_ptr, cnt_ptr, w_ptr, ids
         tl.debug_barrier()  # every thread's logits are written before the release below
         done = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
         if done == E_PAD // BLOCK_E - 1:  # the last split of this token tile routes it
-            lg = tl.load(lg_ptr + rows + tl.arange(0, E_PAD)[None, :], cache_modifier=".cg")
-            _route_tail(lg, offs_t, N, pes_ptr, w_ptr, ids_ptr, E, E_PAD, K_TOP, BLOCK_T, NORM, GEMMA)
+            lg_all = tl.load(lg_ptr + rows + tl.arange(0, E_PAD)[None, :], cache_modifier=".cg")
+            _route_tail(lg_all, offs_t, N, pes_ptr, w_ptr, ids_ptr, E, E_PAD, K_TOP, BLOCK_T, NORM, GEMMA)
             tl.atomic_xchg(cnt_ptr + tb, 0)  # ready for the next launch (graph replays too)
