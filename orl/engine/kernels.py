@@ -64,13 +64,14 @@ class GemmConfig:
 # (N, K, gated) -> [(largest M, config), ...] in increasing M; measured entries beat the heuristic.
 # Filled from `python benchmarks/kernels_bench.py` on an H200 (its "suggested TABLE" lines).
 TABLE: dict[tuple[int, int, bool], list[tuple[int, GemmConfig]]] = {
-    # Qwen3-4B shape, M <= 32 (a 32-token block), bf16, H200 2026-11-30 (`kernels_bench.py` sweep);
-    # the 64-row folded start keeps the heuristic's BM = 64 (a BM = 32 tile would read W twice)
-    (6144, 2560, False): [(32, GemmConfig(BM=32, BN=128, BK=128, SPLIT=2, warps=4, stages=4))],   # qkv 12.3 us
-    (2560, 4096, False): [(32, GemmConfig(BM=32, BN=128, BK=256, SPLIT=4, warps=4, stages=3))],   # o 10.3 us
-    (9728, 2560, True): [(32, GemmConfig(BM=32, BN=32, BK=128, SPLIT=1, warps=4, stages=4))],     # gate_up 37.3 us
-    (2560, 9728, False): [(32, GemmConfig(BM=32, BN=128, BK=128, SPLIT=4, warps=4, stages=4))],   # down 17.4 us
-    (151936, 2560, False): [(32, GemmConfig(BM=32, BN=64, BK=128, SPLIT=1, warps=4, stages=4))],  # lm_head
+    # Qwen3-4B shape, M <= 32 (a 32-token block), bf16, H200 2026-11-30 (`kernels_bench.py` sweep, the
+    # tiles of the 3.74 ms round in benchmarks/engine_results.md); the 64-row folded start keeps the
+    # heuristic's BM = 64 (a BM = 32 tile would read W twice)
+    (6144, 2560, False): [(32, GemmConfig(BM=32, BN=128, BK=128, SPLIT=2, warps=8, stages=4))],   # qkv 12.5 us
+    (2560, 4096, False): [(32, GemmConfig(BM=32, BN=128, BK=256, SPLIT=4, warps=4, stages=3))],   # o 10.5 us
+    (9728, 2560, True): [(32, GemmConfig(BM=32, BN=64, BK=128, SPLIT=1, warps=4, stages=3))],     # gate_up 30.5 us
+    (2560, 9728, False): [(32, GemmConfig(BM=32, BN=128, BK=128, SPLIT=4, warps=8, stages=4))],   # down 18.9 us
+    (151936, 2560, False): [(32, GemmConfig(BM=32, BN=64, BK=128, SPLIT=1, warps=4, stages=4))],  # lm_head 194 us
 }
 
 
