@@ -86,6 +86,33 @@ def gpu_time(fn, iters: int = 20, warmup: int = 3) -> float:
     return statistics.median(ts)
 
 
+def graph_time(fn, n_calls: int = 1) -> float:
+    """GPU seconds per call of fn (which makes n_calls calls), captured in one CUDA graph after a
+    warm-up on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return gpu_time(g.replay, iters=20) / n_calls
+
+
+def round_row(r: dict, mode: str, floor: float, wbytes: float) -> tuple[float, list]:
+    """(seconds per round, the table cells per round ms / x floor / weight GB/s / host overhead)
+    of one `ours` result: round GPU time for the graph modes (else block wall / rounds); host
+    overhead = (block wall - block GPU time) / rounds for 'while', block wall / rounds - round
+    time for 'graph', none for eager."""
+    n = r["rounds"]
+    per_round = r.get("round_gpu") or r.get("round_wall") or r["block_wall"] / n
+    over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
+        (r["block_wall"] / n - per_round if mode == "graph" else None)
+    return per_round, [f"{per_round * 1e3:.3f}", f"{per_round / floor:.2f}", f"{wbytes / per_round / 1e9:.0f}",
+                       "-" if over is None else f"{over * 1e6:.1f}"]
+
+
 def wall_time(fn, iters: int = 10, warmup: int = 2) -> float:
     """Median seconds of fn() on the host clock, synchronised (fn syncs or we do)."""
     for _ in range(warmup):
@@ -223,15 +250,7 @@ def gemm_chain(rt, M: int) -> float:
     def chain():
         for W in mats:
             torch.nn.functional.linear(xs[W.shape[1]], W)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        chain()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        chain()
-    return gpu_time(g.replay, iters=20)
+    return graph_time(chain)
 
 
 def hf_forward(cfg, K, P) -> float | None:
@@ -406,12 +425,8 @@ def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
                 n = r["rounds"]
                 name = f"(b) ours, {mode}" + (" + torch.compile" if comp else "") + \
                     (" + Triton kernels" if kern == "triton" else " + Triton kernels + PDL" if kern != "torch" else "")
-                per_round = r.get("round_gpu", r["block_wall"] / n)
-                over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
-                    (r["block_wall"] / n - per_round if mode == "graph" else None)
-                rows.append([K, name, n, f"{per_round * 1e3:.3f}", f"{per_round / floor:.2f}",
-                             f"{wbytes / per_round / 1e9:.0f}", f"{r['block_wall'] * 1e3:.2f}",
-                             "-" if over is None else f"{over * 1e6:.1f}"])
+                per_round, (ms, xf, gbs, over) = round_row(r, mode, floor, wbytes)
+                rows.append([K, name, n, ms, xf, gbs, f"{r['block_wall'] * 1e3:.2f}", over])
                 LOG.setdefault("speed", []).append(rows[-1] + [r["setup_s"], r.get("start_gpu")])
                 say("  " + " | ".join(str(x) for x in rows[-1]) + f" | setup {r['setup_s']:.1f} s")
                 if "start_gpu" in r and steps == steps_list[0]:

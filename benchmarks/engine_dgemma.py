@@ -339,14 +339,10 @@ def run(h, bw: float, skip_hf: bool, modes: list[str], correct: bool = True, siz
                 h.say(f"- {n}")
             notes.clear()
         n = r["rounds"]
-        per_round = r.get("round_gpu", r.get("round_wall"))
-        over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
-            (r["block_wall"] / n - per_round if mode == "graph" else None)
+        per_round, (ms, xf, gbs, over) = h.round_row(r, mode, floor, wbytes)
         if best is None or per_round < best[0]:  # the fastest path is the one compared with transformers
             best = (per_round, r["block_wall"], mode)
-        rows.append([f"(b) ours, {mode}", n, f"{per_round * 1e3:.2f}", f"{per_round / floor:.2f}",
-                     f"{wbytes / per_round / 1e9:.0f}", f"{r['block_wall'] * 1e3:.1f}",
-                     "-" if over is None else f"{over * 1e6:.1f}"])
+        rows.append([f"(b) ours, {mode}", n, ms, xf, gbs, f"{r['block_wall'] * 1e3:.1f}", over])
         if "start_gpu" in r and mode == modes[0]:
             notes.append(f"{mode}: the folded start (previous canvas's causal encode + first round, {2 * K} tokens) "
                          f"takes {r['start_gpu'] * 1e3:.2f} ms vs {per_round * 1e3:.2f} ms for a round")

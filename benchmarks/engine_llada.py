@@ -141,12 +141,8 @@ def speed(E, bw: float, modes: list[str], skip_ref: bool = False) -> None:
                          f"floor {floor * 1e3:.3f} ms = {how}; MoE backend {rt.w.moe_backend}")
             E.say(f"- {notes[-1]}")
             E.LOG["llada_floor"] = dict(bytes=wbytes, all_bytes=full, experts_per_layer=per_layer, floor_s=floor)
-        per_round = r.get("round_gpu", r["block_wall"] / n)
-        over = (r["block_wall"] - r["block_gpu"]) / n if "block_gpu" in r else \
-            (r["block_wall"] / n - per_round if mode == "graph" else None)
-        rows.append([K, name, n, f"{per_round * 1e3:.3f}", f"{per_round / floor:.2f}",
-                     f"{wbytes / per_round / 1e9:.0f}", f"{r['block_wall'] * 1e3:.2f}",
-                     "-" if over is None else f"{over * 1e6:.1f}"])
+        per_round, (ms, xf, gbs, over) = E.round_row(r, mode, floor, wbytes)
+        rows.append([K, name, n, ms, xf, gbs, f"{r['block_wall'] * 1e3:.2f}", over])
         E.LOG.setdefault("llada_speed", []).append(rows[-1] + [r["setup_s"], r.get("start_gpu")])
         E.say("  " + " | ".join(str(x) for x in rows[-1]) + f" | setup {r['setup_s']:.1f} s")
         if "start_gpu" in r and mode == modes[0]:

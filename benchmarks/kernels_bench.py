@@ -45,17 +45,7 @@ from orl.model import build_model, get_config  # noqa: E402
 say = E.say
 
 
-def graph_time(fn, n_calls: int) -> float:
-    """GPU seconds per call of fn (which makes n_calls calls), captured in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return E.gpu_time(g.replay, iters=20) / n_calls
+graph_time = E.graph_time
 
 
 SHAPES = [("qkv", 6144, 2560, False), ("o", 2560, 4096, False), ("gate_up", 9728, 2560, True),
