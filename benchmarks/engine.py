@@ -342,7 +342,7 @@ def round_flops(w, M: int, S: int, route_ids: list | None = None) -> float:
     tensor per MoE layer, else k per token); attention 4 M S H hd per layer; DiffusionGemma's
     self-conditioning soft embedding (probs @ E) once more the LM head's."""
     c = w.cfg
-    f = 2.0 * M * w.lm_head.numel() * (2 if hasattr(w, "rope") else 1)
+    f = 2.0 * M * w.lm_head.numel() * (2 if w.cfg.noise == "uniform" else 1)
     ids = iter(route_ids or [])
     for lw in w.layers:
         for name, t in lw._asdict().items():
@@ -378,7 +378,7 @@ def speed(bw: float, skip_hf: bool, kernels: str = "torch") -> None:
     prompt = torch.randint(0, cfg.vocab_size, (1, P), generator=torch.Generator().manual_seed(0)).cuda()
     rows, profs, notes = [], {}, []
     variants = [("while", True), ("graph", True), ("while", False), ("eager", False)]
-    if kernels != "torch":  # the Triton forward (orl.engine.kernels): nothing to compile
+    if kernels != "torch":  # the Triton forward (orl.kernels.layers): nothing to compile
         triton_rows = [("while", False, "triton"), ("graph", False, "triton")]
         variants = triton_rows if kernels == "triton" else variants[:1] + triton_rows + variants[1:]
     if QUICK:  # the best paths only (ORL_BENCH_PDL=1 adds the Triton forward with programmatic dependent launch)
@@ -484,7 +484,7 @@ def main() -> None:
                     help="Qwen3 speed section: only the best paths (compiled / Triton WHILE loop), no reference")
     ap.add_argument("--kernels", choices=["torch", "triton", "both"], default="torch",
                     help="speed section: the PyTorch forward (default), the Triton kernels "
-                         "(orl.engine.kernels) only, or both")
+                         "(orl.kernels.layers) only, or both")
     args = ap.parse_args()
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     bad = sorted(set(families) - {"sdar", "llada", "dgemma"})

@@ -10,7 +10,7 @@ without a float32 copy), a 512-token context and a 256-token canvas:
   3. the floor: weight bytes a round reads, counting only the experts the round's router picks
      (one eager round's router ids; reported per layer), over the measured copy bandwidth;
   4. transformers' own DiffusionGemma ``generate`` on the SAME weights (the HF model is built with
-     random weights and ours aliases its tensors through `orl.model.hf_dgemma`, so one copy is on
+     random weights and ours aliases its tensors through `orl.model.checkpoint.dgemma`, so one copy is on
      the GPU): its decoder forward and its whole denoising step inside its generation loop, and
      our speed-up over both.
 If transformers is missing or its model cannot be built, ours is built alone (2-4 without the
@@ -25,7 +25,6 @@ import time
 import torch
 
 from orl.decode import DecodeConfig
-from orl.engine import dgemma_forward as DF
 from orl.engine import forward as F_
 from orl.engine.runtime import Runtime
 from orl.model import get_config
@@ -62,7 +61,7 @@ def build_hf(cfg, device):
 
 def ours_from_hf(hf):
     """Our `Transformer` whose weights ARE the HF model's tensors (no copy)."""
-    from orl.model.hf_dgemma import config_from_dgemma, dgemma_to_ours  # noqa: PLC0415
+    from orl.model.checkpoint.dgemma import config_from_dgemma, dgemma_to_ours  # noqa: PLC0415
     cfg = config_from_dgemma(hf.config.to_dict())
     state = {k: v for k, v in hf.state_dict().items() if k.startswith("model.decoder.")
              or (k.startswith("model.encoder.language_model.") and k.endswith("layer_scalar"))}
@@ -181,7 +180,8 @@ def routed_experts(rt, P) -> list:
     S = rt._slots(P + rt.K)
     h = F_.embed(rt.w, rt.canvas, rt.z, rt.where)
     anc = torch.zeros_like(rt.lim_canvas)
-    DF.forward(rt.w, h, rt.cache_len, rt.lim_canvas, anc, rt.where, rt.kv, S, logits_from=None, route_out=ids)
+    F_.forward(rt.w, h, rt.cache_len, rt.lim_canvas, rt.kv, S, logits_from=None, route_out=ids,
+               canvas_rows=rt.where, anc=anc)
     return ids
 
 

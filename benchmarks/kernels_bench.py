@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine as E  # noqa: E402  (benchmarks/engine.py: ceilings, gpu_time, ours)
 
 from orl.decode import DecodeConfig  # noqa: E402
-from orl.engine import kernels as Kn  # noqa: E402
+from orl.kernels import layers as Kn  # noqa: E402
 from orl.engine.forward import StaticKV, attention_bias, bake, embed, forward  # noqa: E402
 from orl.engine.graphs import conditional_nodes_available  # noqa: E402
 from orl.engine.parity import compare_decode, teacher_forced  # noqa: E402

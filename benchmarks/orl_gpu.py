@@ -30,8 +30,8 @@ def main() -> None:
     from orl.tasks.registry import get_task
     from orl.train.loop import train_orl
     from orl.train.sft import train_sft
-    from recipes.arith import arith_sft
-    from recipes.orl_arith import orl_arith
+    from orl.recipes.arith import arith_sft
+    from orl.recipes.orl_arith import orl_arith
     t0 = time.time()
     sft = arith_sft(os.path.join(a.out, "sft"))
     sft.size, sft.device, sft.batch_size = a.size, a.device, 128

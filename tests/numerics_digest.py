@@ -1,6 +1,6 @@
 """Digest of the smoke recipes' numerics: SFT -> ORL start (gamma 8) -> ORL, through the `orl` CLI.
 
-Used by tests/test_refactor_invisible.py (STYLE.md 13: a refactor is numerically invisible). Runs
+Used by tests/test_refactor_invisible.py (docs/STYLE.md 13: a refactor is numerically invisible). Runs
 ``orl sft --recipe arith_sft_smoke``, ``orl convert scrp`` and ``orl train --recipe orl_arith_smoke``
 in a child process whose floating point does not depend on the CPU: one thread, ATen's portable
 kernels (``ATEN_CPU_CAPABILITY=default``) and MKL's conditional numerical reproducibility

@@ -3,15 +3,15 @@
   * forward: the engine's logits equal the model's in encoder mode (prompt and a committed canvas,
     causal, longer than the sliding window) and canvas mode (with a self-conditioning input), also
     with the commit folded into the canvas's forward; the cached keys equal the model's.
-  * decode: `orl.decode.decode` driven by the runtime's counter RNG (`dgemma_sampler.reference_rng`)
+  * decode: `orl.decode.decode` driven by the runtime's counter RNG (``rng=CounterRNG(seed)``)
     and `Runtime.decode` with the same seed give the same canvases, tokens and rounds -- sampled
     and greedy, with early stopping, re-noising, EOS, with and without fold_commit.
   * the device sampler's pieces: temperature bit for bit, the counter RNG, a finished round is a no-op.
-  * the fused sampler (`orl.engine.dgemma_kernels`, Triton interpreter, float32): per position the
+  * the fused sampler (`orl.kernels.canvas`, Triton interpreter, float32): per position the
     argmax, the inverse-CDF token, the entropy (1e-5) and the self-conditioning probabilities (1e-6)
-    of `dgemma_round`'s torch ops, over several vocab sizes, block splits, temperatures, greedy and
-    sampled, near-ties, -inf logits and exact CDF boundaries; `dgemma_round_fused`'s canvas, history
-    and stop equal `dgemma_round`'s; and a whole decode with ``sampler="triton"`` equals the reference.
+    of `canvas_round`'s torch ops, over several vocab sizes, block splits, temperatures, greedy and
+    sampled, near-ties, -inf logits and exact CDF boundaries; `canvas_round_fused`'s canvas, history
+    and stop equal `canvas_round`'s; and a whole decode with ``sampler="triton"`` equals the reference.
 """
 import math
 
@@ -20,11 +20,12 @@ import torch
 
 from orl.decode import DecodeConfig, decode
 from orl.decode import samplers as Smp
-from orl.engine import dgemma_kernels as DK
-from orl.engine import dgemma_sampler as DS
-from orl.engine.dgemma import DGemmaRuntime
-from orl.engine.dgemma_forward import DGStaticKV, bake, forward
-from orl.engine.forward import embed
+from orl.kernels import canvas as DK
+from orl.decode import rng as DS
+from orl.decode.rng import CounterRNG
+from orl.engine import rules as DR
+from orl.engine.forward import StaticKV, bake, embed, forward
+from orl.engine.rules import CanvasRule
 from orl.engine.runtime import Runtime
 from orl.model import build_model, get_config
 from orl.model.masks import commit_layout, decode_layout, step_mask
@@ -80,10 +81,10 @@ def test_forward_matches_model(model):
     lay = decode_layout(P, K, K, K, "causal")
     ref_c = model(canvas, lay.positions[P + K:], step_mask(lay, P + K), residual=z, residual_where=ones, cache=cache)
 
-    w, kv = bake(model, max_len=64), DGStaticKV(cfg, 64, torch.float32, "cpu")
+    w, kv = bake(model, max_len=64), StaticKV(cfg, 64, torch.float32, "cpu")
     start = torch.zeros(1, dtype=torch.long)
     lim = torch.arange(1, P + 1)
-    got_p = forward(w, embed(w, prompt), start, lim, lim - 1, torch.zeros(1, P, dtype=torch.bool), kv, 64)
+    got_p = forward(w, embed(w, prompt), start, lim, kv, 64, canvas_rows=torch.zeros(1, P, dtype=torch.bool), anc=lim - 1)
     torch.testing.assert_close(got_p, ref_p, rtol=1e-4, atol=1e-4)
     # folded: [committed canvas (encoder rows) | canvas (decoder rows)] in one forward
     start += P
@@ -91,7 +92,7 @@ def test_forward_matches_model(model):
     lim, anc = torch.cat([blk, torch.full((K,), 2 * K)]), torch.cat([blk - 1, torch.full((K,), K)])
     rows = torch.cat([torch.zeros(1, K, dtype=torch.bool), ones], 1)
     h = embed(w, torch.cat([block, canvas], 1), torch.cat([torch.zeros_like(z), z], 1), rows)
-    got = forward(w, h, start, lim, anc, rows, kv, 64)
+    got = forward(w, h, start, lim, kv, 64, canvas_rows=rows, anc=anc)
     torch.testing.assert_close(got[:, :K], ref_b, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got[:, K:], ref_c, rtol=1e-4, atol=1e-4)
     for i in range(cfg.num_layers):
@@ -99,8 +100,8 @@ def test_forward_matches_model(model):
         torch.testing.assert_close(kv.v[i][:, :, :P + K], cache.v[i][:, :, :P + K], rtol=1e-5, atol=1e-5)
     # the same canvas over the cache alone (not folded)
     start += K
-    got_c = forward(w, embed(w, canvas, z, ones), start, torch.full((K,), K), torch.zeros(K, dtype=torch.long),
-                    ones, kv, 64)
+    got_c = forward(w, embed(w, canvas, z, ones), start, torch.full((K,), K), kv, 64, canvas_rows=ones,
+                    anc=torch.zeros(K, dtype=torch.long))
     torch.testing.assert_close(got_c, ref_c, rtol=1e-4, atol=1e-4)
 
 
@@ -122,8 +123,7 @@ def _cfg(**kw):
 
 
 def _reference(model, prompt, cfg, seed, eos=()):
-    with DS.reference_rng(seed) as new_canvas:
-        return decode(model, prompt, cfg, eos_ids=eos, on_block=lambda b, t: new_canvas() or True)
+    return decode(model, prompt, cfg, eos_ids=eos, rng=CounterRNG(seed))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -135,7 +135,7 @@ def test_decode_matches_reference(model, name):
         eos = (_reference(model, prompt, cfg, seed).block_tokens[0][16 + 3],)
     ref = _reference(model, prompt, cfg, seed, eos)
     rt = Runtime(model, 16, mode="eager", max_len=160, fold_commit=fold, bucket=32)
-    assert isinstance(rt, DGemmaRuntime)
+    assert isinstance(rt.rule, CanvasRule)
     out = rt.decode(prompt, cfg, eos_ids=eos, seed=seed)
     assert len(set(ref.tokens[0])) >= 4, "degenerate test model"
     assert out.block_tokens == ref.block_tokens
@@ -158,7 +158,7 @@ def test_temperature_is_the_reference_bitwise():
     for N, lo, hi in ((48, 0.4, 0.8), (7, 0.01, 0.02), (5, 0.3, 1.7)):
         f = lambda v: torch.tensor([v], dtype=torch.float32)  # noqa: E731
         for step in range(N):
-            got = DS.temperature(torch.tensor([step]), torch.tensor([N]), f(lo), f(hi - lo))
+            got = DR.temperature(torch.tensor([step]), torch.tensor([N]), f(lo), f(hi - lo))
             assert torch.equal(got[0], Smp.dgemma_temperature(N - step, N, lo, hi)), (N, step)
 
 
@@ -188,10 +188,10 @@ def test_finished_round_is_a_noop(model):
     rt.set_request(cfg, seed=1)
     rt.prefill(_ids(10, 1))
     rt.generate_block()
-    state = [t.clone() for t in (rt.canvas, rt.hist, rt.step, rt.counter, rt.flag)]
+    state = [t.clone() for t in (rt.canvas, rt.rule.hist, rt.step, rt.rule.counter, rt.flag)]
     assert not bool(rt.flag)
     rt._round(rt._slots(rt.length + 2 * rt.K))
-    assert all(torch.equal(a, b) for a, b in zip(state, (rt.canvas, rt.hist, rt.step, rt.counter, rt.flag)))
+    assert all(torch.equal(a, b) for a, b in zip(state, (rt.canvas, rt.rule.hist, rt.step, rt.rule.counter, rt.flag)))
 
 
 def test_refusals(model):
@@ -254,7 +254,7 @@ def test_fused_rows_match_torch(V, K, block, greedy):
     x = _hard_rows(K, V, V + K)
     seed, f = torch.tensor([3]), lambda v: torch.tensor([v], dtype=torch.float32)  # noqa: E731
     for step, N, lo, hi in ((0, 6, 0.4, 0.8), (5, 6, 0.4, 0.8), (2, 7, 0.01, 0.02), (0, 3, 1.0, 2.5)):
-        T = DS.temperature(torch.tensor([step]), torch.tensor([N]), f(lo), f(hi - lo))
+        T = DR.temperature(torch.tensor([step]), torch.tensor([N]), f(lo), f(hi - lo))
         for counter in range(3):
             u = None if greedy else DS.uniform(seed, torch.tensor([counter]), DS.STREAM_SAMPLE, K).view(1, K)
             arg, tok, ent, probs = DK.round_rows(x, T, u, torch.float32, block=block)
@@ -316,13 +316,13 @@ def test_fused_round_matches_torch(greedy):
         x[0, 0, 5] += 1  # no exact tie of two rows' entropies (ln 2 at a low temperature)
         hist = torch.full((s, 1, K), -1)
         if s:
-            hist[-1] = (x / DS.temperature(i(step), i(N), f(lo), f(hi - lo))).argmax(-1)  # stable when s = 1
+            hist[-1] = (x / DR.temperature(i(step), i(N), f(lo), f(hi - lo))).argmax(-1)  # stable when s = 1
         args = (x, hist, i(step), i(N), f(lo), f(hi - lo), f(bound), f(conf), i(9), i(n), greedy)
-        lg, canvas, new_hist, fin = DS.dgemma_round(*args)
-        probs, canvas2, new_hist2, fin2 = DS.dgemma_round_fused(*args, probs_dtype=torch.float32)
+        lg, canvas, new_hist, fin = DR.canvas_round(*args)
+        probs, canvas2, new_hist2, fin2 = DR.canvas_round_fused(*args, probs_dtype=torch.float32)
         assert torch.equal(canvas2, canvas) and torch.equal(new_hist2, new_hist) and torch.equal(fin2, fin), n
         torch.testing.assert_close(probs, Smp.dgemma_selfcond_probs(lg, torch.float32), rtol=0, atol=1e-6)
-        assert DS.dgemma_round_fused(*args)[0] is None
+        assert DR.canvas_round_fused(*args)[0] is None
 
 
 @interpreter_only

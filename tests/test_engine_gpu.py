@@ -91,7 +91,7 @@ def test_bf16_rounds_equal_reference_up_to_ties(name, comp):
 @pytest.mark.parametrize("fold", [True, False])
 def test_dgemma_tiny_equals_reference(fold):
     """DiffusionGemma (dgemma/tiny, float32): every mode decodes the reference decoder's tokens in its
-    rounds when both draw from the runtime's counter RNG (`orl.engine.dgemma_sampler`), and the
+    rounds when both draw from the runtime's counter RNG (`orl.decode.rng`), and the
     graph modes equal eager bit for bit (canvases, rounds, cache)."""
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -213,16 +213,15 @@ def test_llm_auto_engine_dgemma_on_cuda():
     """DiffusionGemma through `LLM(engine="auto")` on CUDA: the runtime (device loop, counter RNG)
     serves it, a seed repeats its text, and the reference decoder driven by the same counter stream
     gives the same tokens, text and forwards (float32)."""
-    from test_llm_dgemma_engine import _key, _speaking, counter_stream
+    from test_llm_dgemma_engine import _key, _speaking
 
-    from orl.engine.dgemma import DGemmaRuntime
-    ref = _speaking("reference", device="cuda", dtype="float32")
+    from orl.engine.rules import CanvasRule
+    ref = _speaking("reference", device="cuda", dtype="float32", rng="counter")
     fast = _speaking("auto", device="cuda", dtype="float32")
     assert fast.uses_runtime(fast.decode_config, 5)
     kw = dict(max_new_tokens=40, ignore_eos=True, seed=7, temperature=None)
     b = fast.generate("hello", **kw)
-    assert isinstance(fast._runtime, DGemmaRuntime) and fast._runtime.mode in ("while", "graph")
+    assert isinstance(fast._runtime.rule, CanvasRule) and fast._runtime.mode in ("while", "graph")
     assert _key(fast.generate("hello", **kw)) == _key(b)
-    with counter_stream(7):
-        a = ref.generate("hello", **kw)
+    a = ref.generate("hello", **kw)
     assert _key(a) == _key(b)

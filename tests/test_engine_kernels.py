@@ -1,4 +1,4 @@
-"""The engine's Triton kernels (`orl.engine.kernels`) against their PyTorch twins: each kernel on
+"""The engine's Triton kernels (`orl.kernels.layers`) against their PyTorch twins: each kernel on
 small ragged shapes (split-K, masks, visibility limits, a device-side start), then the whole
 forward and the runtime's tokens. Float32 (bf16 arithmetic is broken in Triton's interpreter), on
 CPU under ``TRITON_INTERPRET=1`` (set here before Triton loads) or on a GPU when there is one.
@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 import torch.nn.functional as F  # noqa: E402
 
 from orl.decode import DecodeConfig, decode  # noqa: E402
-from orl.engine import kernels as Kn  # noqa: E402
+from orl.kernels import layers as Kn  # noqa: E402
 from orl.engine.forward import StaticKV, attention_bias, bake, embed, forward, rms_norm  # noqa: E402
 from orl.engine.runtime import Runtime  # noqa: E402
 from orl.model import build_model, get_config  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from orl.model import get_config, load_pretrained, save_pretrained
-from orl.model.hf_dgemma import config_from_dgemma, dgemma_to_ours, ours_to_dgemma
+from orl.model.checkpoint.dgemma import config_from_dgemma, dgemma_to_ours, ours_to_dgemma
 from orl.model.masks import commit_layout, decode_layout, step_mask
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -1,4 +1,4 @@
-"""A refactor is numerically invisible (STYLE.md 13): the smoke recipes reproduce, bit for bit,
+"""A refactor is numerically invisible (docs/STYLE.md 13): the smoke recipes reproduce, bit for bit,
 the weights and losses recorded in tests/fixtures/numerics.json.
 
 The fixture was written by ``python tests/numerics_digest.py --write`` on the commit before the

@@ -1,6 +1,7 @@
 """The HTTP server, for real: uvicorn on a free loopback port in a thread, a tiny random model,
 the official `openai` client for the happy paths and raw httpx for malformed requests, queueing
 (FIFO order, 429 when full), disconnect cancellation and recovery from a failed decode."""
+import contextlib
 import json
 import socket
 import threading
@@ -11,7 +12,7 @@ import openai
 import pytest
 import uvicorn
 
-from orl.engine.server import create_app
+from orl.serve.server import create_app
 
 MODEL = "sdar/tiny"
 
@@ -23,7 +24,8 @@ class ServerThread:
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -39,6 +41,7 @@ class ServerThread:
 
 
 def _until(cond, timeout=10.0):
+    """Poll ``cond`` until it holds; fail after ``timeout`` s (a deadline, not an assumed ordering)."""
     end = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > end:
@@ -72,6 +75,34 @@ class Gate:
     def open(self):
         self.event.set()
         self.handle.remove()
+
+
+@contextlib.contextmanager
+def held_after_text(llm, sched, tag, n):
+    """While open: the decode of the request tagged ``tag`` stops after its ``n``-th text increment
+    and waits until the server cancels it, so a cancellation always arrives mid-decode, however
+    fast the decoder is (no sleep that hopes the client is quicker)."""
+    real = llm.generate
+
+    def generate(*args, on_text=None, cancel=None, **kw):
+        if sched.running is None or sched.running.tag != tag:
+            return real(*args, on_text=on_text, cancel=cancel, **kw)
+        seen = [0]
+
+        def hold(delta):
+            out = on_text(delta) if on_text is not None else None
+            seen[0] += 1
+            if seen[0] == n:
+                cancel.wait(30)  # set by the server once it sees the client gone
+            return out
+
+        return real(*args, on_text=hold, cancel=cancel, **kw)
+
+    llm.generate = generate
+    try:
+        yield
+    finally:
+        del llm.generate  # back to the class's method
 
 
 def _post(url, body, **kw):
@@ -231,8 +262,7 @@ def test_full_queue_answers_429(make_speaking_llm):
 
 def test_disconnect_mid_stream_cancels(llm, server):
     sched = server.app.state.scheduler
-    slow = llm.model.register_forward_pre_hook(lambda mod, args: time.sleep(0.004))
-    try:
+    with held_after_text(llm, sched, "leaver", 2):  # two chunks out, then the decode waits for the cancel
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "stream": True, "ignore_eos": True,
                 "user": "leaver"}
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
@@ -241,9 +271,7 @@ def test_disconnect_mid_stream_cancels(llm, server):
                 got += line.startswith("data: {")
                 if got == 2:
                     break  # leaving the block closes the connection
-        _until(lambda: any(f[1] == "leaver" for f in sched.finished))
-    finally:
-        slow.remove()
+        _until(lambda: any(f[1] == "leaver" for f in sched.finished), 30)
     _, _, finish, tokens = next(f for f in sched.finished if f[1] == "leaver")
     assert finish == "cancelled" and tokens < 400
     assert _post(server.url + "/v1/completions", OK).status_code == 200  # next request served
@@ -257,13 +285,20 @@ def test_non_streaming_client_gone_while_queued_is_dropped(llm, server):
         hold = threading.Thread(target=lambda: _post(server.url + "/v1/completions", {**OK, "user": "holder"}))
         hold.start()
         _until(lambda: sched.running is not None)
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(server.url + "/v1/completions", json={**OK, "user": "impatient"}, timeout=1.5)
+        # a raw connection: send the request, see it queued behind the holder, then hang up
+        body = json.dumps({**OK, "user": "impatient"}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+            conn.sendall(head + body)
+            _until(lambda: sched.waiting() == 1)
         _until(lambda: sched.counts["dropped"] == dropped + 1)
+        assert sched.waiting() == 0
     finally:
         gate.open()
     hold.join(30)
     assert "impatient" not in sched.starts and "holder" in sched.starts
+    assert "impatient" in sched.arrivals  # it was admitted, then dropped from the queue
 
 
 def test_failed_decode_is_500_and_worker_survives(llm, server):

@@ -12,14 +12,14 @@ from orl.model.convert import ensure_pathway, make_orl_start
 from orl.tokenizer import build_char_tokenizer
 from orl.train.loop import train_orl
 from orl.train.sft import train_sft
-from recipes.arith import arith_sft_smoke
-from recipes.orl_arith import orl_arith_smoke
+from orl.recipes.arith import arith_sft_smoke
+from orl.recipes.orl_arith import orl_arith_smoke
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
 def _weights(d):
-    from orl.model.hf import read_state_dict
+    from orl.model.checkpoint import read_state_dict
     return read_state_dict(d)
 
 

@@ -1,6 +1,6 @@
 """The reference block decoder: one loop for every family's rule, with cache, trace and TPF.
 
-Owns the denoising loop of orl-method.md 1.3 (prefill, per-block steps, cache-commit pass),
+Owns the denoising loop of docs/method.md 1.3 (prefill, per-block steps, cache-commit pass),
 the residual feedback of 3.7 (z of step k feeds step k+1; zero at a block's first step), the
 per-step trace (canvas, unresolved set, the exact residual input consumed, entropy, optionally
 logits) that ORL rollouts capture, and TPF accounting both with the commit forward (ORL's count)
@@ -21,6 +21,9 @@ import torch
 from ..model.masks import commit_layout, decode_layout, step_mask
 from . import samplers as S
 from .config import DecodeConfig
+from .rng import TorchRNG
+from .tpf import forwards as count_forwards
+from .tpf import tpf
 
 
 @dataclass
@@ -51,13 +54,12 @@ class DecodeOutput:
     block_tokens: list[list[int]] | None = None  # every committed block of each row, EOS padding included
 
     def forwards(self, row: int, commit: bool = True) -> int:
-        s = self.steps_per_block[row]
-        return sum(s) + (len(s) if commit else 0)
+        return count_forwards(self.steps_per_block[row], commit)
 
     def tpf(self, commit: bool = True) -> float:
         """Generated tokens / forwards over all rows (commit=True: + one commit pass per block)."""
         f = sum(self.forwards(r, commit) for r in range(len(self.tokens)))
-        return sum(len(t) for t in self.tokens) / max(f, 1)
+        return tpf(sum(len(t) for t in self.tokens), f) or 0.0
 
 
 def _forward_canvas(model, cfg: DecodeConfig, committed, canvas, z, where, weight, cache, P):
@@ -96,11 +98,14 @@ def _commit(model, cfg: DecodeConfig, P: int, committed_len: int, block_tokens, 
 @torch.no_grad()
 def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,
            trace: bool = False, trace_logits: bool = False, generator: torch.Generator | None = None,
-           on_block: Callable[[int, torch.Tensor], bool] | None = None) -> DecodeOutput:
+           rng=None, on_block: Callable[[int, torch.Tensor], bool] | None = None) -> DecodeOutput:
     """Decode B rows sharing one prompt length. prompt (B, P) int64; returns a DecodeOutput.
 
+    Random numbers come from ``rng`` (an `orl.decode.rng` object: ``TorchRNG``, or ``CounterRNG``
+    for the engine's stream); without one, from ``generator`` through ``TorchRNG(generator)``.
     ``on_block(b, tokens (B, K))`` is called after each block commits; returning False cancels.
     """
+    rng = rng if rng is not None else TorchRNG(generator)
     mcfg = model.config
     if prompt.dim() == 1:
         prompt = prompt[None]
@@ -138,7 +143,7 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
 
     for b in range(n_blocks):
         if uniform:
-            canvas = torch.randint(mcfg.vocab_size, (B, K), generator=generator, device="cpu").to(dev)
+            canvas = rng.canvas(mcfg.vocab_size, (B, K), dev)
         else:
             canvas = torch.full((B, K), mask_id, dtype=torch.long, device=dev)
         unresolved = torch.ones(B, K, dtype=torch.bool, device=dev)
@@ -158,10 +163,10 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
             temp = cfg.temperature
             if cfg.rule == "dgemma":  # processed logits lg = raw / T(n), n = steps remaining (HF)
                 temp = S.dgemma_temperature(max_steps - step, max_steps, cfg.t_min, cfg.t_max)
-                lg, probs, tok, ent_nats = S.dgemma_step(logits, temp, cfg.temperature == 0, generator)
+                lg, probs, tok, ent_nats = S.dgemma_step(logits, temp, cfg.temperature == 0, rng.sample)
                 ent = S.normalized_entropy(probs)
             else:
-                probs, tok, conf, ent = S.step_distribution(logits, temp, generator)
+                probs, tok, conf, ent = S.step_distribution(logits, temp, rng.sample)
             act = active[:, None]
             rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
             finished = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -193,7 +198,7 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
                 # and commits the argmax canvas (not the sampled one). ``prev_arg`` holds the
                 # argmax history (s, B, K) of the stability test; rows already stopped are frozen.
                 take = S.dgemma_accept(ent_nats, cfg.entropy_bound)
-                noise = torch.randint(mcfg.vocab_size, (B, K), generator=generator, device="cpu").to(dev)
+                noise = rng.noise(mcfg.vocab_size, (B, K), dev)
                 arg = torch.where(act, lg.argmax(-1), canvas)
                 if prev_arg is None:
                     prev_arg = torch.full((cfg.stability_threshold, B, K), -1, dtype=torch.long, device=dev)

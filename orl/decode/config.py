@@ -3,7 +3,7 @@
 Owns the numbers a decode depends on (rule, block size, thresholds, steps, temperature, token
 budget) so that every output file can print them in its header. ``role="base"`` selects the
 family's published base protocol, ``role="orl"`` the protocol ORL models are evaluated with
-(orl-method.md 1.4, 3.7: same native sampler, pathway active).
+(docs/method.md 1.4, 3.7: same native sampler, pathway active).
 Does not own: the decode loop (`orl.decode.block`) or the acceptance rules (`orl.decode.samplers`).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ class DecodeConfig:
         return dataclasses.asdict(self)
 
 
-# Published protocols (orl-method.md 1.4): SDAR dynamic threshold 0.9 with steps = K; LLaDA-2.1
+# Published protocols (docs/method.md 1.4): SDAR dynamic threshold 0.9 with steps = K; LLaDA-2.1
 # threshold 0.95 + editing 0.9 at block 32 (dllm defaults); DiffusionGemma EB bound 0.1, 48 steps,
 # T 0.8 -> 0.4, canvas 256. ORL keeps each family's sampler (3.7).
 _PROTOCOLS: dict[tuple[str, str], dict] = {

@@ -1,4 +1,4 @@
-"""Samplers and acceptance rules as pure functions (orl-method.md 1.4).
+"""Samplers and acceptance rules as pure functions (docs/method.md 1.4).
 
 Every function takes tensors and scalars and returns tensors: no state, no logging. The block
 decoder (`orl.decode.block`) calls them once per denoising step.
@@ -12,19 +12,20 @@ import math
 import torch
 
 
-def step_distribution(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None):
+def _default_draw(probs: torch.Tensor) -> torch.Tensor:
+    return torch.multinomial(probs, 1).view(-1)
+
+
+def step_distribution(logits: torch.Tensor, temperature: float, draw=None):
     """From logits (B, K, V): probs (B, K, V) of the processed distribution, chosen tokens (B, K),
     their probability ``conf`` (B, K) and the normalised entropy (B, K) in [0, 1].
 
-    temperature 0 means greedy: tokens are the argmax of softmax(logits)."""
+    temperature 0 means greedy: tokens are the argmax of softmax(logits). ``draw`` (N, V) -> (N,):
+    one sample per row (an RNG object's ``sample``, `orl.decode.rng`; None: torch's default stream)."""
     lf = logits.float()
     probs = torch.softmax(lf / temperature if temperature > 0 else lf, dim=-1)
     if temperature > 0:
-        flat = probs.reshape(-1, probs.shape[-1])
-        if generator is not None and generator.device != flat.device:  # a CPU generator drives GPU sampling
-            tokens = torch.multinomial(flat.cpu(), 1, generator=generator).to(flat.device).view(probs.shape[:-1])
-        else:
-            tokens = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+        tokens = (draw or _default_draw)(probs.reshape(-1, probs.shape[-1])).view(probs.shape[:-1])
     else:
         tokens = probs.argmax(-1)
     conf = probs.gather(-1, tokens[..., None]).squeeze(-1)
@@ -107,18 +108,17 @@ def dgemma_entropy(logits: torch.Tensor) -> torch.Tensor:
     return torch.distributions.Categorical(logits=logits, validate_args=False).entropy()
 
 
-def dgemma_step(logits: torch.Tensor, temperature: torch.Tensor, greedy: bool = False,
-                generator: torch.Generator | None = None):
+def dgemma_step(logits: torch.Tensor, temperature: torch.Tensor, greedy: bool = False, draw=None):
     """One step's processed distribution. logits (B, K, V) raw; returns processed logits
     ``lg = logits / T`` (B, K, V) float32, probs softmax(lg) (B, K, V), the sampled tokens (B, K)
-    (one ``multinomial`` draw over all B*K rows, as HF; ``greedy``: the argmax, no draw) and the
-    entropy in nats (B, K)."""
+    (one draw over all B*K rows, as HF's ``multinomial``; ``draw`` as in `step_distribution`;
+    ``greedy``: the argmax, no draw) and the entropy in nats (B, K)."""
     lg = logits.float() / temperature
     probs = torch.softmax(lg, dim=-1)
     if greedy:
         tokens = lg.argmax(-1)
     else:
-        tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+        tokens = (draw or _default_draw)(probs.view(-1, probs.shape[-1])).view(probs.shape[:-1])
     return lg, probs, tokens, dgemma_entropy(lg)
 
 

@@ -1,16 +1,9 @@
-"""The engine: the `LLM` object (text in, text out, streaming, cancellation) and its two doors,
-`orl generate` (`generate_cli`) and the OpenAI-compatible HTTP server (`server`).
+"""The engine: ids in, ids out, as fast as the GPU allows.
 
-Layering: `llm` knows tokenizers and the decoder but no HTTP; `server` knows HTTP and the `LLM`
-methods but no tensors. Imported lazily so `import orl.engine` stays cheap.
+One bake and one graph-safe forward for every family (`forward`; family differences are options of
+the config, as in `orl.model`), the device-side decision rules of each family's decoder (`rules`),
+the runtime that runs blocks as CUDA graphs with the denoising loop on the device (`runtime`,
+`graphs`), mixture-of-experts layers (`moe`), tensor parallelism (`tp`) and the bf16 parity helper
+(`parity`). Knows no text, no tokenizer and no HTTP (those are `orl.serve`); its Triton kernels live
+in `orl.kernels`. See docs/engine.md.
 """
-from __future__ import annotations
-
-__all__ = ["LLM", "Generation", "Stream", "ContextLengthError"]
-
-
-def __getattr__(name: str):
-    if name in __all__:
-        from . import llm  # noqa: PLC0415
-        return getattr(llm, name)
-    raise AttributeError(f"module 'orl.engine' has no attribute {name!r}")

@@ -1,23 +1,36 @@
-"""The engine's forward: baked weights and a graph-safe pass over a static KV cache.
+"""The engine's forward, for every family: baked weights and a graph-safe pass over a static KV cache.
 
 Owns two things:
   * ``bake``: a `Transformer`'s weights in one dtype, laid out for inference -- Q, K and V
-    concatenated into one (H + 2 Hkv) hd x D matrix and gate/up into one 2I x D matrix, so each
-    is a single matmul; the tied LM head shares the embedding (no copy). Mixture-of-experts
-    layers (those from ``cfg.first_dense_layers`` on) carry `orl.engine.moe.MoEWeights` instead
-    of a dense MLP and run `orl.engine.moe.moe_mlp` (grouped Triton kernel on CUDA).
+    concatenated into one matrix per layer (K = V layers have no V rows) and gate/up into one, so
+    each is a single matmul; the tied LM head shares the embedding (no copy). Mixture-of-experts
+    layers carry `orl.engine.moe.MoEWeights` and run `orl.engine.moe.moe_mlp` (grouped Triton
+    kernels on CUDA, the PyTorch twin elsewhere).
   * ``forward``: new tokens at a device-side offset ``start`` (a (1,) int64 tensor), their keys and
     values written into the static cache in place, attention over a fixed prefix of ``S`` cache
     slots with a length mask. Nothing here reads a device value on the host or changes shape with
     the amount cached, so the same call can be captured once in a CUDA graph and replayed for
     every block.
-Visibility is one rule: new token i sees cache slot j iff j < start + lim[i]. ``lim`` encodes the
-layout: a canvas row sees everything up to the end of the canvas; a committed block row sees its
-whole block (block-causal) or the slots up to itself (causal); prompt rows are causal. This is the
-same visibility as `orl.model.masks` gives the reference decoder (tested against it).
-Does not own: what is decoded (`orl.engine.runtime`), CUDA graphs (`orl.engine.graphs`), the
-numerics of norms/RoPE/pathway (those of `orl.model`, reused or mirrored op for op).
-Shapes: T new tokens, S visible cache slots, D hidden, H heads, V vocab.
+The families are options of one layer, as in `orl.model.layers.DecoderLayer` (mirrored op for op):
+  SDAR / Qwen3      h = h + attn(n_in(h));  h = h + mlp(n_post(h))             (dense)
+  LLaDA-2.1         the same with mlp = routed + shared experts from ``first_dense_layers`` on
+  DiffusionGemma    h = h + n_pa(attn(n_in(h)))                                 sandwich norms, q/k/v
+                    h = h + n_pf(n_pf1(mlp(n_pre(h))) + n_pf2(experts(n_pre2(h), router(h))))
+                    h = h * s    s = the encoder scalar on committed rows, the canvas one on canvas rows
+                    (docs/diffusiongemma-spec.md 4-7); per layer type ("sliding" / "full") the head
+                    dim, KV heads and RoPE table differ, so the cache is per layer.
+Visibility, per new token i (``lim`` from the runtime; ``anc`` the first slot of i's mutually
+visible group relative to ``start``: i itself for committed text, the canvas start for a canvas row):
+  full layers      slot j visible iff j < start + lim[i]
+  sliding layers   ... and j > start + anc[i] - W
+``lim`` encodes the layout: a canvas row sees everything up to the end of the canvas; a committed
+block row sees its whole block (block-causal) or the slots up to itself (causal); prompt rows are
+causal. This is the visibility `orl.model.masks` gives the reference decoder, and for sliding
+layers `orl.model.transformer.sliding_window_mask` (tested against both).
+Does not own: what is decoded (`orl.engine.runtime`, `orl.engine.rules`), CUDA graphs
+(`orl.engine.graphs`), the Triton twin of this forward (`orl.kernels.layers`), the numerics of
+norms/RoPE/pathway (those of `orl.model`, reused or mirrored op for op).
+Shapes: T new tokens, S visible cache slots, D hidden, H heads, E experts, V vocab.
 """
 from __future__ import annotations
 
@@ -35,18 +48,25 @@ from .moe import MoEWeights, bake_moe, moe_bytes, moe_mlp, pick_backend, route
 
 class LayerWeights(NamedTuple):
     """One layer's inference weights (a NamedTuple, so torch.compile sees plain tensor inputs and
-    one compiled graph serves every layer)."""
+    one compiled graph serves every layer of a kind). Fields a family does not use are None."""
 
     ln1: torch.Tensor                 # (D,) input_layernorm
-    qkv: torch.Tensor                 # ((H + 2 Hkv) hd, D) = [q_proj; k_proj; v_proj]
+    qkv: torch.Tensor                 # ((H + 2 Hkv) hd, D) = [q; k; v], or ((H + Hkv) hd, D) on K = V layers
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None       # (hd,)
     k_norm: torch.Tensor | None
     o: torch.Tensor                   # (D, H hd)
-    ln2: torch.Tensor                 # (D,) post_attention_layernorm
-    gate_up: torch.Tensor | None      # (2I, D) = [gate_proj; up_proj]; None in a MoE layer
+    ln2: torch.Tensor                 # (D,) the norm before the MLP (Gemma: pre_feedforward_layernorm)
+    gate_up: torch.Tensor | None      # (2I, D) = [gate_proj; up_proj]; None in a MoE-only layer
     down: torch.Tensor | None         # (D, I)
-    moe: MoEWeights | None = None     # routed + shared experts of a MoE layer
+    moe: MoEWeights | None = None     # routed (+ shared) experts
+    ln_post_attn: torch.Tensor | None = None  # Gemma sandwich: post_attention_layernorm
+    ln_post_ff: torch.Tensor | None = None    # Gemma sandwich: on the MLP output (both branches)
+    ln_post_mlp: torch.Tensor | None = None   # Gemma-4 parallel: dense branch post-norm
+    ln_pre_moe: torch.Tensor | None = None    # Gemma-4 parallel: experts branch pre-norm
+    ln_post_moe: torch.Tensor | None = None   # Gemma-4 parallel: experts branch post-norm
+    scalar: torch.Tensor | None = None        # (1,) layer scalar of committed (encoder) rows
+    canvas_scalar: torch.Tensor | None = None  # (1,) layer scalar of canvas (decoder) rows
 
 
 @dataclass
@@ -61,41 +81,34 @@ class Baked:
     norm: torch.Tensor                # (D,)
     layers: list[LayerWeights]
     pathway: torch.nn.Module | None
-    rope_cos: torch.Tensor            # (max_len, hd) table, rows = absolute positions
-    rope_sin: torch.Tensor
+    rope: dict                        # layer kind -> (cos, sin) tables (max_len, hd of that kind)
     moe_backend: str = "torch"        # "triton" or "torch" (`orl.engine.moe.moe_mlp`), resolved at bake
     tp_reduce: object = None          # tensor parallel (`orl.engine.tp.shard`): in-place sum over ranks
 
+    @property
+    def rope_cos(self) -> torch.Tensor:
+        return self.rope["full"][0]
+
+    @property
+    def rope_sin(self) -> torch.Tensor:
+        return self.rope["full"][1]
+
     def weight_bytes(self, route_ids: list | None = None) -> int:
-        """Bytes one forward reads from weights (layers + final norm + LM head; the embedding rows
-        a forward gathers are negligible and not counted). MoE layers count every expert, or with
+        """Bytes one forward reads from weights, each once: layers, final norm, LM head, the
+        residual pathway (when the model has one). MoE layers count every expert, or with
         ``route_ids`` (one ids tensor per MoE layer, in order, as `forward`'s ``route_out``
-        collects them) only the experts those ids touch: the floor of that forward."""
+        collects them) only the experts those ids touch: the floor of that forward. The embedding
+        rows a forward gathers are negligible and not counted, nor a soft embedding's pass over E."""
         n = self.lm_head.numel() + self.norm.numel()
+        if self.pathway is not None:
+            n += sum(p.numel() for p in self.pathway.parameters())
         ids = iter(route_ids or [])
         moe = 0
         for lw in self.layers:
-            n += sum(t.numel() for t in (lw.ln1, lw.qkv, lw.o, lw.ln2, lw.gate_up, lw.down,
-                                         lw.qkv_bias, lw.q_norm, lw.k_norm) if t is not None)
+            n += sum(t.numel() for name, t in lw._asdict().items() if name != "moe" and t is not None)
             if lw.moe is not None:
                 moe += moe_bytes(lw.moe, next(ids) if route_ids is not None else None)
         return n * self.lm_head.element_size() + moe
-
-
-def check_supported(cfg) -> None:
-    """Refuse configurations the engine does not run yet, saying what to use instead."""
-    bad = []
-    if "sliding" in cfg.layer_types:
-        bad.append("sliding-window layers")
-    if cfg.sandwich_norm or cfg.layer_scalar or cfg.full_k_eq_v or cfg.parallel_dense_mlp:
-        bad.append("Gemma-4 layer options (sandwich norms, layer scalars, K = V)")
-    if cfg.full_head_dim or cfg.full_num_kv_heads or cfg.full_rope_theta is not None:
-        bad.append("per-layer-type attention shapes")
-    if cfg.noise != "mask":
-        bad.append("uniform-state noise")
-    if bad:
-        raise NotImplementedError("the engine runtime supports dense mask-diffusion models (SDAR / Qwen3 shape); "
-                                  f"this config has {', '.join(bad)}. Decode it with orl.decode.decode instead.")
 
 
 def bake_io(model, cast, dtype: torch.dtype):
@@ -110,49 +123,64 @@ def bake_io(model, cast, dtype: torch.dtype):
     return embed, lm_head, pathway
 
 
+def _layer_weights(layer, cfg, cast) -> LayerWeights:
+    a = layer.self_attn
+    mats = [a.q_proj.weight, a.k_proj.weight] + ([] if a.v_proj is None else [a.v_proj.weight])
+    bias = None
+    if a.q_proj.bias is not None:
+        bias = cast(torch.cat([a.q_proj.bias, a.k_proj.bias] + ([] if a.v_proj is None else [a.v_proj.bias])))
+    parallel = getattr(layer, "parallel", False)
+    dense = layer.mlp if not isinstance(layer.mlp, MoE) else None
+    moe = layer.moe if parallel else (layer.mlp if dense is None else None)
+    opt = lambda name: cast(getattr(layer, name).weight) if hasattr(layer, name) else None  # noqa: E731
+    sandwich = cfg.sandwich_norm
+    return LayerWeights(
+        ln1=cast(layer.input_layernorm.weight), qkv=cast(torch.cat(mats)), qkv_bias=bias,
+        q_norm=cast(a.q_norm.weight) if cfg.qk_norm else None, k_norm=cast(a.k_norm.weight) if cfg.qk_norm else None,
+        o=cast(a.o_proj.weight),
+        ln2=opt("pre_feedforward_layernorm") if sandwich else cast(layer.post_attention_layernorm.weight),
+        gate_up=None if dense is None else cast(torch.cat([dense.gate_proj.weight, dense.up_proj.weight])),
+        down=None if dense is None else cast(dense.down_proj.weight),
+        moe=bake_moe(moe, cast) if moe is not None else None,
+        ln_post_attn=cast(layer.post_attention_layernorm.weight) if sandwich else None,
+        ln_post_ff=opt("post_feedforward_layernorm") if sandwich else None,
+        ln_post_mlp=opt("post_feedforward_layernorm_1"), ln_pre_moe=opt("pre_feedforward_layernorm_2"),
+        ln_post_moe=opt("post_feedforward_layernorm_2"),
+        scalar=cast(layer.layer_scalar) if cfg.layer_scalar else None,
+        canvas_scalar=cast(layer.canvas_layer_scalar) if cfg.layer_scalar else None)
+
+
 @torch.no_grad()
 def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backend: str = "auto") -> Baked:
     """Inference weights of ``model`` in ``dtype`` (default: the model's), on the model's device.
-    ``moe_backend``: see `orl.engine.moe.moe_mlp` ("auto": Triton on CUDA when importable)."""
+    Same-dtype tensors are shared with the model, not copied (the fused QKV and gate/up matrices are
+    the only copies). ``moe_backend``: see `orl.engine.moe.moe_mlp` ("auto": Triton on CUDA when importable)."""
     cfg = model.config
-    check_supported(cfg)
     dtype = dtype or model.model.embed_tokens.weight.dtype
     cast = lambda t: None if t is None else t.detach().to(dtype).contiguous()  # noqa: E731
-    layers = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        bias = None
-        if a.q_proj.bias is not None:
-            bias = cast(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-        moe = m if isinstance(m, MoE) else None
-        layers.append(LayerWeights(
-            ln1=cast(layer.input_layernorm.weight),
-            qkv=cast(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])), qkv_bias=bias,
-            q_norm=cast(a.q_norm.weight) if cfg.qk_norm else None,
-            k_norm=cast(a.k_norm.weight) if cfg.qk_norm else None,
-            o=cast(a.o_proj.weight), ln2=cast(layer.post_attention_layernorm.weight),
-            gate_up=None if moe else cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-            down=None if moe else cast(m.down_proj.weight), moe=bake_moe(moe, cast) if moe else None))
+    layers = [_layer_weights(layer, cfg, cast) for layer in model.model.layers]
     embed, lm_head, pathway = bake_io(model, cast, dtype)
     pos = torch.arange(max_len, device=embed.device)[None]
-    cos, sin = rope_cos_sin(pos, *cfg.layer_rope("full"), dtype=dtype)
-    return Baked(cfg, dtype, embed, lm_head, cast(model.model.norm.weight), layers, pathway, cos[0], sin[0],
+    rope = {}
+    for kind in sorted(set(cfg.layer_types)):
+        cos, sin = rope_cos_sin(pos, *cfg.layer_rope(kind), dtype=dtype)
+        rope[kind] = (cos[0], sin[0])
+    return Baked(cfg, dtype, embed, lm_head, cast(model.model.norm.weight), layers, pathway, rope,
                  pick_backend(moe_backend, embed.device))
 
 
 class StaticKV:
-    """Per-layer K/V buffers (1, Hkv, max_len, hd), allocated once; which slots are valid is the
-    caller's business (a device-side length), never this object's."""
+    """Per-layer K/V buffers (1, Hkv_l, max_len, hd_l), allocated once (shapes per layer type);
+    which slots are valid is the caller's business (a device-side length), never this object's."""
 
     def __init__(self, cfg, max_len: int, dtype: torch.dtype, device):
-        shape = (1, cfg.num_kv_heads, max_len, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        shapes = [(1, cfg.layer_kv_heads(i), max_len, cfg.layer_head_dim(i)) for i in range(cfg.num_layers)]
+        self.k = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
+        self.v = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
         self.max_len = max_len
 
     def bytes_per_slot(self) -> int:
-        k = self.k[0]
-        return 2 * len(self.k) * k.shape[1] * k.shape[3] * k.element_size()
+        return sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k in self.k)
 
 
 # ------------------------------------------------------------------------------ numerics
@@ -181,80 +209,126 @@ def soft_embed(w: Baked, probs: torch.Tensor) -> torch.Tensor:
     return z
 
 
+def attention_biases(start, lim, anc, S: int, window: int | None, groups: dict, dtype) -> dict:
+    """Additive masks per layer kind: {kind: (1, 1, groups[kind] * T, S)}, 0 where visible (module
+    docstring), -inf elsewhere; rows tiled per query head sharing a KV head. ``anc`` (T,) is read
+    by sliding layers only (None without any)."""
+    keys = torch.arange(S, device=lim.device)[None, :]
+    visible = keys < (start + lim)[:, None]                               # (T, S)
+    out = {}
+    for kind, g in groups.items():
+        vis = visible & (keys > (start + anc)[:, None] - window) if kind == "sliding" else visible
+        bias = torch.zeros(vis.shape, dtype=dtype, device=lim.device).masked_fill_(~vis, float("-inf"))
+        out[kind] = bias.repeat(g, 1)[None, None]
+    return out
+
+
 def attention_bias(start: torch.Tensor, lim: torch.Tensor, S: int, groups: int, dtype) -> torch.Tensor:
-    """Additive mask (1, 1, groups * T, S): 0 where slot j < start + lim[i], -inf elsewhere,
-    its T rows tiled ``groups`` times (query heads sharing one KV head are stacked as rows)."""
-    keys = torch.arange(S, device=lim.device)
-    visible = keys[None, :] < (start + lim)[:, None]                      # (T, S)
-    bias = torch.zeros(visible.shape, dtype=dtype, device=lim.device).masked_fill_(~visible, float("-inf"))
-    return bias.repeat(groups, 1)[None, None]
+    """The full-attention mask of `attention_biases` (1, 1, groups * T, S) (kernel tests, benchmarks)."""
+    return attention_biases(start, lim, None, S, None, {"full": groups}, dtype)["full"]
 
 
-def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, moe_backend: str = "torch",
-          route_out: list | None = None, reduce=None):
-    """One pre-norm decoder layer over T new tokens. x (1, T, D); cos/sin (1, T, hd); pos (T,)
-    absolute slots written; k_cache/v_cache (1, Hkv, max_len, hd) updated in place; bias from
-    `attention_bias` (its last dim is S, the slots attended). Mirrors
-    `orl.model.layers.DecoderLayer` (dense or MoE, non-sandwich). ``route_out`` (eager only): a
-    MoE layer appends its router's expert ids (T, k) to it (for `Baked.weight_bytes`). ``reduce``
-    (tensor parallel, `orl.engine.tp`): sums the row-parallel o / down outputs over ranks."""
-    T, S = x.shape[1], bias.shape[-1]
-    H, Hkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    h = rms_norm(x, lw.ln1, cfg.rms_eps, cfg.norm_offset)
-    q, k, v = F.linear(h, lw.qkv, lw.qkv_bias).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, canvas_rows=None,
+          moe_backend: str = "torch", route_out: list | None = None, reduce=None):
+    """One decoder layer over T new tokens (module docstring). x (1, T, D); cos/sin (1, T, hd); pos
+    (T,) absolute slots written; k_cache/v_cache (1, Hkv, max_len, hd) updated in place; bias from
+    `attention_biases` (its last dim is S, the slots attended); canvas_rows (1, T, 1) bool: rows
+    in canvas (decoder) mode, read only by layer scalars. Mirrors `orl.model.layers.DecoderLayer`.
+    ``route_out`` (eager only): a MoE layer appends its router's expert ids (T, k) to it (for
+    `Baked.weight_bytes`). ``reduce`` (tensor parallel, `orl.engine.tp`): sums the row-parallel
+    o / down outputs over ranks."""
+    T = x.shape[1]
+    H, Hkv, hd = cfg.num_heads, k_cache.shape[1], k_cache.shape[3]
+    eps, off = cfg.rms_eps, cfg.norm_offset
+    h = rms_norm(x, lw.ln1, eps, off)
+    proj = F.linear(h, lw.qkv, lw.qkv_bias)
+    if proj.shape[-1] == (H + Hkv) * hd:  # K = V layer (Gemma-4 full attention): V is the raw k projection
+        q, k = proj.split([H * hd, Hkv * hd], dim=-1)
+        v = k
+    else:
+        q, k, v = proj.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
     q, k, v = q.view(1, T, H, hd), k.view(1, T, Hkv, hd), v.view(1, T, Hkv, hd)
     if lw.q_norm is not None:
-        q, k = rms_norm(q, lw.q_norm, cfg.rms_eps, cfg.norm_offset), rms_norm(k, lw.k_norm, cfg.rms_eps, cfg.norm_offset)
+        q, k = rms_norm(q, lw.q_norm, eps, off), rms_norm(k, lw.k_norm, eps, off)
     if cfg.v_norm:
-        v = rms_norm(v, None, cfg.rms_eps)
+        v = rms_norm(v, None, eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
-    G = H // Hkv
+    S, G = bias.shape[-1], H // Hkv
     # GQA without expanding K/V: the G query heads of a KV head become G*T rows of one head
     qg = q.reshape(1, Hkv, G * T, hd)
     scale = cfg.attn_scale if cfg.attn_scale is not None else hd ** -0.5
     out = F.scaled_dot_product_attention(qg, k_cache[:, :, :S], v_cache[:, :, :S], attn_mask=bias, scale=scale)
     out = out.reshape(1, H, T, hd).transpose(1, 2).reshape(1, T, H * hd)
     y = F.linear(out, lw.o)
-    x = x + (y if reduce is None else reduce(y))
-    h = rms_norm(x, lw.ln2, cfg.rms_eps, cfg.norm_offset)
+    if reduce is not None:
+        y = reduce(y)
+    if lw.ln_post_attn is not None:
+        y = rms_norm(y, lw.ln_post_attn, eps, off)
+    x = x + y
+    h = rms_norm(x, lw.ln2, eps, off)
+    y = None
+    if lw.gate_up is not None:
+        g, u = F.linear(h, lw.gate_up).chunk(2, dim=-1)
+        act = F.silu(g) if cfg.hidden_act == "silu" else F.gelu(g, approximate="tanh")
+        y = F.linear(act * u, lw.down)
+        if reduce is not None:
+            y = reduce(y)
     if lw.moe is not None:
-        if route_out is not None:
-            route_out.append(route(h.reshape(-1, h.shape[-1]), lw.moe, cfg)[1])
-        return x + moe_mlp(h, lw.moe, cfg, backend=moe_backend)
-    g, u = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-    act = F.silu(g) if cfg.hidden_act == "silu" else F.gelu(g, approximate="tanh")
-    y = F.linear(act * u, lw.down)
-    return x + (y if reduce is None else reduce(y))
+        if lw.ln_pre_moe is None:  # the experts are the MLP (LLaDA): the router reads the normed stream
+            if route_out is not None:
+                route_out.append(route(h.reshape(-1, h.shape[-1]), lw.moe, cfg)[1])
+            y = moe_mlp(h, lw.moe, cfg, backend=moe_backend)
+        else:  # Gemma-4 parallel branches: both read x; the router reads it raw
+            m1 = rms_norm(y, lw.ln_post_mlp, eps, off)
+            if route_out is not None:
+                route_out.append(route(x.reshape(-1, x.shape[-1]), lw.moe, cfg)[1])
+            m2 = moe_mlp(rms_norm(x, lw.ln_pre_moe, eps, off), lw.moe, cfg, router_input=x, backend=moe_backend)
+            y = m1 + rms_norm(m2, lw.ln_post_moe, eps, off)
+    if lw.ln_post_ff is not None:
+        y = rms_norm(y, lw.ln_post_ff, eps, off)
+    x = x + y
+    if lw.scalar is not None:
+        x = x * (lw.scalar if canvas_rows is None else torch.where(canvas_rows, lw.canvas_scalar, lw.scalar))
+    return x
 
 
 def forward(w: Baked, h: torch.Tensor, start: torch.Tensor, lim: torch.Tensor, kv: StaticKV, S: int,
-            logits_from: int | None = 0, layer_fn=layer, route_out: list | None = None,
-            kernels=None) -> torch.Tensor | None:
+            logits_from: int | None = 0, layer_fn=layer, route_out: list | None = None, kernels=None,
+            canvas_rows: torch.Tensor | None = None, anc: torch.Tensor | None = None) -> torch.Tensor | None:
     """Run the layers over input embeddings h (1, T, D) placed at slots start .. start + T - 1.
 
     start (1,) int64 device tensor; lim (T,) int64 (see module docstring); S static number of cache
     slots attended (>= start + max(lim)). Writes the T keys/values into ``kv``. Returns logits
-    (1, T - logits_from, V) of rows ``logits_from:`` (None: no LM head, e.g. a commit pass).
-    ``layer_fn`` is `layer` or a compiled version of it. ``route_out``: see `layer` (eager only).
-    ``kernels``: an `orl.engine.kernels.TritonKernels` runs the whole pass instead (opt-in fast twin).
+    (1, T - logits_from, V) of rows ``logits_from:`` (softcapped float32 where the config caps;
+    None: no LM head, e.g. a commit pass). ``canvas_rows`` (1, T) bool: canvas (decoder) rows, for
+    layer scalars (None: all committed); ``anc`` (T,) int64: sliding-window anchors (needed only by
+    sliding layers). ``layer_fn`` is `layer` or a compiled version of it. ``route_out``: see
+    `layer` (eager only). ``kernels``: an `orl.kernels.layers.TritonKernels` runs the whole pass
+    instead (opt-in fast twin, dense layers).
     """
     if kernels is not None:
         return kernels.forward(h, start, lim, kv, S, logits_from)
     cfg = w.cfg
     T = h.shape[1]
     pos = start + torch.arange(T, device=h.device)
-    cos, sin = w.rope_cos.index_select(0, pos)[None], w.rope_sin.index_select(0, pos)[None]
-    bias = attention_bias(start, lim, S, cfg.num_heads // cfg.num_kv_heads, h.dtype)
+    tabs = {k: (c.index_select(0, pos)[None], s.index_select(0, pos)[None]) for k, (c, s) in w.rope.items()}
+    groups = {kind: cfg.num_heads // kv.k[i].shape[1] for i, kind in enumerate(cfg.layer_types)}
+    if "sliding" in groups and anc is None:
+        raise ValueError("sliding-window layers need the window anchors ``anc``")
+    biases = attention_biases(start, lim, anc, S, cfg.sliding_window, groups, h.dtype)
     if layer_fn is not layer:  # compiled: S symbolic, so a new cache bucket does not recompile
-        torch._dynamo.maybe_mark_dynamic(bias, 3)
-    for i, lw in enumerate(w.layers):
-        extra = {} if route_out is None else {"route_out": route_out}
-        if w.tp_reduce is not None:
-            extra["reduce"] = w.tp_reduce
-        h = layer_fn(h, lw, cfg, cos, sin, pos, kv.k[i], kv.v[i], bias, moe_backend=w.moe_backend, **extra)
+        for b in biases.values():
+            torch._dynamo.maybe_mark_dynamic(b, 3)
+    rows = None if canvas_rows is None or cfg.layer_scalar is False else canvas_rows[..., None]
+    extra = {} if route_out is None else {"route_out": route_out}
+    if w.tp_reduce is not None:
+        extra["reduce"] = w.tp_reduce
+    for i, (lw, kind) in enumerate(zip(w.layers, cfg.layer_types)):
+        h = layer_fn(h, lw, cfg, *tabs[kind], pos, kv.k[i], kv.v[i], biases[kind], rows,
+                     moe_backend=w.moe_backend, **extra)
     if logits_from is None:
         return None
     logits = F.linear(rms_norm(h[:, logits_from:], w.norm, cfg.rms_eps, cfg.norm_offset), w.lm_head)

@@ -1,9 +1,9 @@
-"""CUDA graphs for the engine, in one place (STYLE.md convention 10).
+"""CUDA graphs for the engine, in one place (docs/STYLE.md convention 10).
 
 Owns: capturing a piece of the engine (a round, a block's start or end, a whole block) into a
 `torch.cuda.CUDAGraph` after a warm-up, and the device-side WHILE loop that lets a whole block
 run in one launch: a CUDA conditional node built through ``cuda.bindings`` inside a torch capture
-(shared/docs/engine-notes.md 4.4; NVIDIA NeMo's recipe). torch 2.11 has no Python API for
+(docs/engine.md 4.4; NVIDIA NeMo's recipe). torch 2.11 has no Python API for
 conditional nodes, so the node is added to the graph torch is capturing:
 
   1. the capturing ``cudaGraph_t`` comes from ``cudaStreamGetCaptureInfo``; a conditional handle

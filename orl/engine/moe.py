@@ -105,7 +105,7 @@ def route_triton(x: torch.Tensor, router: torch.Tensor, k: int, norm_topk: bool,
                  router_scale: Optional[torch.Tensor] = None, per_expert_scale: Optional[torch.Tensor] = None,
                  eps: float = 1e-6, block_e: Optional[int] = None, block_t: int = ROUTE_BLOCK_T,
                  num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route` in one Triton launch (`moe_kernels.orl_moe_route`): x (N, D), router (E, D) ->
+    """`route` in one Triton launch (`orl.kernels.moe.orl_moe_route`): x (N, D), router (E, D) ->
     weights (N, k) float32, ids (N, k) int64, each row in ascending id. ``norm_topk`` is
     ``cfg.router_norm_topk``; router_scale / per_expert_scale (both or neither) the Gemma 4 router.
     The logits are x @ router^T accumulated in float32 and rounded to x's dtype (F.linear), softmax
@@ -118,7 +118,7 @@ def route_triton(x: torch.Tensor, router: torch.Tensor, k: int, norm_topk: bool,
     Static shapes, no host reads (CUDA-graph safe)."""
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("the Triton routing kernel needs CUDA tensors (or TRITON_INTERPRET=1); use route()")
-    from . import moe_kernels as mk  # noqa: PLC0415
+    from ..kernels import moe as mk  # noqa: PLC0415
     x, router = x.contiguous(), router.contiguous()
     N, D = x.shape
     E = router.shape[0]
@@ -234,12 +234,12 @@ PLAN_BLOCK = 1024  # assignments the plan kernel sorts at once; more (a prefill)
 
 def plan_triton(ids: torch.Tensor, w: torch.Tensor, num_experts: int, block: int = PLAN_BLOCK,
                 num_warps: Optional[int] = None) -> dict:
-    """`plan` in one Triton launch of one program (`moe_kernels.orl_moe_plan`), equal to it tensor
+    """`plan` in one Triton launch of one program (`orl.kernels.moe.orl_moe_plan`), equal to it tensor
     for tensor (int64), plus ``wsorted``: w (N, k) flattened in sorted order, float32. Static
     shapes, no host reads (CUDA-graph safe). ``block`` (a power of two) caps the assignments
     sorted at once. On an H200 in a CUDA graph (E 256, k 8): ~3 us for N k = 256, ~8 us for 1024,
     ~17 us for 2048, against ~55-70 us for `plan` and the wsorted gather (~15 kernels)."""
-    from . import moe_kernels as mk  # noqa: PLC0415
+    from ..kernels import moe as mk  # noqa: PLC0415
     N, k = ids.shape
     nk, M = N * k, min(num_experts, N * k)
     dev = ids.device
@@ -271,7 +271,7 @@ def experts_triton(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate_up:
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("the Triton MoE kernels need CUDA tensors (or TRITON_INTERPRET=1 for the CPU "
                            "interpreter); use backend='torch'")
-    from . import moe_kernels as mk  # noqa: PLC0415 - Triton is imported on first use only
+    from ..kernels import moe as mk  # noqa: PLC0415 - Triton is imported on first use only
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     N, D = x.shape
     k = ids.shape[1]

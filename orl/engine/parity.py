@@ -1,6 +1,6 @@
 """Runtime-vs-reference parity checks, shared by tests/test_engine_*.py and benchmarks/engine.py.
 
-Two checks (STYLE.md convention 7):
+Two checks (docs/STYLE.md convention 7):
   ``compare_decode``   end to end: `Runtime.decode` and `orl.decode.decode` (cached) give the same
                        tokens and rounds per block. Exact in float32; in bf16 two implementations
                        of one forward round differently, and a random model over a large vocabulary
@@ -80,7 +80,7 @@ def teacher_forced(rt, model, prompt, cfg: DecodeConfig) -> Parity:
         S = rt._slots(rt.length + K)
         for i, r in enumerate(recs):
             rt.canvas.copy_(r.canvas)
-            rt.unresolved.copy_(r.unresolved)
+            rt.rule.unresolved.copy_(r.unresolved)
             rt.step.fill_(r.step)
             z = where = weight = None
             if use_res:
@@ -93,13 +93,13 @@ def teacher_forced(rt, model, prompt, cfg: DecodeConfig) -> Parity:
                     if weight is not None:
                         rt.weight.copy_(weight)
             logits = rt._embed_forward(rt.canvas, rt.lim_canvas, S, z, where, weight)
-            rt._decide(logits)
+            rt.rule.decide(rt, logits)
             ref_l = r.logits.to(logits.device).float()
             err = float((logits.float() - ref_l).abs().max())
             res.max_rel_logit_err = max(res.max_rel_logit_err, err / float(ref_l.abs().max()))
             nxt = recs[i + 1].canvas[0] if i + 1 < len(recs) else final
             take_ref = r.committed[0].to(logits.device)
-            take_our = (r.unresolved[0].to(logits.device) & ~rt.unresolved[0])
+            take_our = (r.unresolved[0].to(logits.device) & ~rt.rule.unresolved[0])
             tok_ref, tok_our = nxt.to(logits.device), rt.canvas[0]
             res.rounds += 1
             if torch.equal(take_ref, take_our) and torch.equal(tok_ref[take_ref], tok_our[take_our]):

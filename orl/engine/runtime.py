@@ -1,30 +1,30 @@
-"""Single-request runtime: static buffers, one block per launch, the denoising loop on the GPU.
+"""The runtime: static buffers, one block per launch, the denoising loop on the GPU, every family.
 
-Owns the fast twin of `orl.decode.decode` for the SDAR rules ("threshold": dynamic threshold with
-top-quota fallback, and "topk") and LLaDA-2.1's "llada" (mask->token threshold with a one-token
-fallback, token->token editing of committed positions, editing-only post steps after the last
-mask), greedy, batch 1, with or without the residual pathway, dense or mixture-of-experts layers:
+Owns the fast twin of `orl.decode.decode` (batch 1) for the rules of `orl.engine.rules`: SDAR's
+"threshold" / "topk" and LLaDA-2.1's "llada" on mask-diffusion models (`MaskRule`, greedy), and
+DiffusionGemma's "dgemma" on uniform-state models (`CanvasRule`, sampled or greedy from a seed),
+with or without the residual pathway, dense or mixture-of-experts layers:
 
   prefill (eager)  ->  per block:  start  ->  round*  ->  end  ->  host reads K tokens + steps
-    start  fresh canvas of mask tokens, first round (with ``fold_commit``: the previous block's
-           commit pass is folded into it, one forward over [previous block | canvas])
-    round  forward over the canvas attending cache + canvas -> logits -> confidence -> commit
-           (threshold / top-quota; llada: + edits) -> residual z for the next round -> device
-           flag "go on?"
+    start  fresh canvas (the rule's ``begin``) and the first round (with ``fold_commit``: the
+           previous block's commit pass is folded into it, one forward over [previous block | canvas])
+    round  forward over the canvas attending cache + canvas -> logits -> the rule's ``decide``
+           (commit / accept / re-noise, the residual z for the next round, the device flag "go on?")
     end    the commit pass (without ``fold_commit``) and the output copy
-Every piece reads and writes only static device buffers (canvas, unresolved set, z, step, cache
-length, the per-request threshold and quota schedule), so the same Python functions run three
-ways (``EngineConfig.mode``):
+Every piece reads and writes only static device buffers (canvas, z, step, cache length, the
+rule's state and per-request numbers), so the same Python functions run three ways
+(``EngineConfig.mode``):
   "eager"  plain PyTorch, host loop reading the flag each round (runs on CPU; the slow twin)
   "graph"  start / round / end each a CUDA graph, host loop reading the flag each round
   "while"  the whole block one CUDA graph; rounds loop on the device through a conditional
            WHILE node (`orl.engine.graphs.WhileLoop`); the host launches and reads back once.
-Graphs are captured lazily per (attended cache slots S rounded up to ``bucket``, rule, residual,
-folded start) and reused for every later block and request.
-Under greedy decoding the tokens equal the reference decoder's (tests/test_engine_cpu.py,
-tests/test_engine_gpu.py), up to floating-point ties.
-Does not own: tokenizers, text or streaming (`orl.engine.llm`), the samplers' numerics
-(`orl.decode.samplers`, called as is), the model's numerics (`orl.engine.forward`).
+Graphs are captured lazily per (attended cache slots S rounded up to ``bucket``, the request's
+rule key, folded start) and reused for every later block and request.
+Greedy tokens equal the reference decoder's (tests/test_engine_cpu.py, tests/test_engine_gpu.py),
+up to floating-point ties; "dgemma" with ``rng=CounterRNG(seed)`` in the reference decoder gives
+the runtime's tokens for ``seed`` (tests/test_engine_dgemma.py).
+Does not own: tokenizers, text or streaming (`orl.serve.llm`), the rules' numerics
+(`orl.engine.rules`, `orl.decode.samplers`), the model's numerics (`orl.engine.forward`).
 Shapes: P prompt length, K block length, D hidden, V vocab, S attended cache slots.
 """
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Callable
 
 import torch
 
-from ..decode import samplers as Smp
 from ..decode.block import DecodeOutput
 from ..decode.config import DecodeConfig
 from . import forward as F_
 from .graphs import WhileLoop, capture, conditional_nodes_available
+from .rules import CanvasRule, MaskRule
 
 MODES = ("auto", "eager", "graph", "while")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,7 +60,7 @@ class EngineConfig:
                                   # canvas length on first use), not on CPU
     moe_backend: str = "auto"     # MoE layers (orl.engine.moe): "triton" grouped kernels, "torch"
                                   # twin; "auto": Triton on CUDA when importable
-    kernels: str = "torch"        # "torch": the forward above; "triton": `orl.engine.kernels` (dense
+    kernels: str = "torch"        # "torch": the forward above; "triton": `orl.kernels.layers` (dense
                                   # layers; fewer, fused kernels; numerics within rounding, not bitwise)
     tp: bool = False              # tensor parallel over the torch.distributed group (torchrun; orl.engine.tp):
                                   # every rank runs the same loop on its shard; no compile by default
@@ -80,20 +80,21 @@ class Runtime:
     """Runtime(model, block_size) -> ``decode(prompt_ids, DecodeConfig)`` -> `DecodeOutput`.
 
     Lower level: ``prefill(prompt_ids)``, then ``generate_block()`` per block (returns the K tokens
-    and the rounds used), ``flush()`` to commit a pending block. A DiffusionGemma model
-    (``config.noise == "uniform"``) gets an `orl.engine.dgemma.DGemmaRuntime`."""
+    and the rounds used), ``flush()`` to commit a pending block. The rule comes from the model:
+    `CanvasRule` for a uniform-state model (``config.noise == "uniform"``; ``sampler`` picks its
+    logits pass), `MaskRule` otherwise. ``compile`` None compiles on CUDA except for uniform-state
+    (MoE-heavy DiffusionGemma) models, where compiling 30 MoE layers is left to callers."""
 
-    def __new__(cls, model, *args, **kwargs):
-        if cls is Runtime and model.config.noise == "uniform":
-            from .dgemma import DGemmaRuntime  # noqa: PLC0415 - a subclass of this one
-            cls = DGemmaRuntime
-        return super().__new__(cls)
-
-    def __init__(self, model, block_size: int | None = None, config: EngineConfig | None = None, **overrides):
+    def __init__(self, model, block_size: int | None = None, config: EngineConfig | None = None, *,
+                 sampler: str = "auto", **overrides):
         self.config = dataclasses.replace(config or EngineConfig(), **overrides)
         ec = self.config
         self.mcfg = mcfg = model.config
         self.K = K = block_size or mcfg.block_size
+        self.uniform = mcfg.noise == "uniform"
+        if self.uniform and ec.kernels != "torch":
+            raise NotImplementedError("the Triton layer kernels (EngineConfig.kernels='triton') cover dense and MoE "
+                                      "layers; DiffusionGemma runs with kernels='torch'")
         dtype = DTYPES[ec.dtype] if ec.dtype else None
         self.w = F_.bake(model, dtype, ec.max_len, ec.moe_backend)
         if ec.tp:
@@ -104,38 +105,41 @@ class Runtime:
         self.mode = self._pick_mode(ec.mode)
         self._layer, self._kernels = F_.layer, None
         if ec.kernels == "triton":  # the whole layer stack runs as Triton kernels: nothing to compile
-            from .kernels import TritonKernels  # noqa: PLC0415 - optional dependency
+            from ..kernels.layers import TritonKernels  # noqa: PLC0415 - optional dependency
             self._kernels = TritonKernels(self.w)
-        elif ec.compile or (ec.compile is None and dev.type == "cuda" and not ec.tp):
+        elif ec.compile or (ec.compile is None and dev.type == "cuda" and not ec.tp and not self.uniform):
             self._layer = torch.compile(F_.layer, dynamic=False)  # T static: one kernel set per T
         D = mcfg.hidden_size
         z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
         # ---- static state, allocated once (graphs read and write only these) ----
         self.cache_len = z(1)                    # committed slots in the KV cache
         self.canvas, self.prev = z(1, K), z(1, K)  # current canvas; previous block (pending commit)
-        self.unresolved = z(1, K, dt=torch.bool)
         self.z, self.where = z(1, K, D, dt=self.w.dtype), z(1, K, dt=torch.bool)
         self.weight = z(1, K, dt=torch.float32)  # rcd interpolation weight
         self.step, self.flag = z(1), z(1, dt=torch.bool)
-        self.active, self.post = z(1, dt=torch.bool), z(1)  # llada: block still denoising; post steps taken
         self.out = z(K + 1)                      # block tokens, then the rounds used
-        # ---- per-request numbers, on the device so graphs never bake them ----
-        self.threshold = z(1, dt=torch.float32)
-        self.quota_base, self.quota_rem, self.max_steps, self.mask_id = z(1), z(1), z(1), z(1)
-        self.edit_threshold, self.post_cap = z(1, dt=torch.float32), z(1)  # llada editing
+        self.rule = CanvasRule(self, sampler) if self.uniform else MaskRule(self)
+        if self.uniform:
+            self.where.fill_(True)               # every canvas position is a decoder row (pathway_where="canvas")
         # visibility limits (see orl.engine.forward): canvas rows see the canvas; committed block
-        # rows see their block ("block") or the slots up to themselves ("causal")
-        blk = torch.full((K,), K) if mcfg.clean_attention == "block" else torch.arange(1, K + 1)
+        # rows see their block (block-causal) or the slots up to themselves (causal)
+        blk = torch.arange(1, K + 1) if self.rule.block_causal else torch.full((K,), K)
         self.lim_canvas = torch.full((K,), K, device=dev)
         self.lim_block = blk.to(dev)
         self.lim_fold = torch.cat([blk, torch.full((K,), 2 * K)]).to(dev)
+        self.no_canvas = z(1, K, dt=torch.bool)
         self.length, self.pending = 0, False     # host mirrors of cache_len and "prev not committed"
-        self._key_extra = None                   # (rule, residual, residual temperature) of the request
+        self._key_extra = None                   # the request's rule key (part of every graph key)
+        self.request_seed = 0
         self._graphs: dict = {}
         self._loop = None
         self._cap_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self._out_host = torch.zeros(K + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
+
+    @property
+    def sampler(self) -> str | None:
+        return getattr(self.rule, "sampler", None)
 
     # ------------------------------------------------------------------ setup
     def _pick_mode(self, mode: str) -> str:
@@ -150,118 +154,50 @@ class Runtime:
                 raise RuntimeError(f"mode 'while' unavailable: {why}; use mode='graph'")
         return mode
 
-    def set_request(self, cfg: DecodeConfig, mask_id: int | None = None) -> None:
-        """Copy one request's decoding numbers into the device buffers (no recapture needed)."""
-        if cfg.rule not in ("threshold", "topk", "llada"):
-            raise NotImplementedError(f"the engine runs the SDAR rules 'threshold' and 'topk' and LLaDA's 'llada', "
-                                      f"not {cfg.rule!r}; use orl.decode.decode for the others")
-        if cfg.temperature != 0:
-            raise NotImplementedError("the engine decodes greedily (temperature 0); sampling needs a counter-based "
-                                      "RNG inside the graph (shared/docs/engine-notes.md 4.4) and is not built yet")
+    def set_request(self, cfg: DecodeConfig, mask_id: int | None = None, seed: int | None = None) -> None:
+        """Copy one request's decoding numbers into the device buffers (no recapture needed).
+        ``seed`` (uniform-state models): the counter RNG's; None: ``self.request_seed``."""
         if cfg.block_size != self.K:
-            raise ValueError(f"DecodeConfig.block_size {cfg.block_size} != the runtime's block size {self.K}")
-        mask_id = self.mcfg.mask_token_id if mask_id is None else mask_id
-        base, rem = divmod(self.K, cfg.max_steps)
-        post = cfg.max_post_steps if cfg.rule == "llada" else 0
-        # max_steps holds the cap on rounds per block: llada adds its editing-only post steps
-        for buf, v in ((self.threshold, cfg.threshold), (self.quota_base, base), (self.quota_rem, rem),
-                       (self.max_steps, cfg.max_steps + post), (self.mask_id, mask_id),
-                       (self.edit_threshold, cfg.edit_threshold), (self.post_cap, post)):
-            buf.fill_(v)
-        use_res = cfg.residual and self.mcfg.pathway != "none"
-        self._key_extra = (cfg.rule, use_res, cfg.residual_temperature if use_res else 1.0)
+            raise ValueError(f"DecodeConfig.block_size {cfg.block_size} != the runtime's block size (canvas length) {self.K}")
+        self._key_extra = self.rule.set_request(self, cfg, mask_id, self.request_seed if seed is None else seed)
 
     # ------------------------------------------------------------ block pieces
-    # These run eagerly or are captured; they touch only static buffers (STYLE.md 10).
-    def _embed_forward(self, tokens, lim, S, residual=None, where=None, weight=None, logits_from=0):
+    # These run eagerly or are captured; they touch only static buffers (docs/STYLE.md 10).
+    def _embed_forward(self, tokens, lim, S, residual=None, where=None, weight=None, logits_from=0, rows=None):
+        """Forward of ``tokens`` (1, T) at the cache end. ``rows`` (1, T) bool marks canvas (decoder)
+        rows -- layer scalars, the sliding window anchored at the canvas start (their ``lim`` minus
+        K) -- the others are committed text (causal anchors)."""
         h = F_.embed(self.w, tokens, residual, where, weight)
+        anc = None
+        if "sliding" in self.mcfg.layer_types:
+            anc = lim - 1 if rows is None else torch.where(rows[0], lim - self.K, lim - 1)
         return F_.forward(self.w, h, self.cache_len, lim, self.kv, S, logits_from, self._layer,
-                          kernels=self._kernels)
-
-    def _decide(self, logits: torch.Tensor) -> None:
-        """One round's decision from logits (1, K, V): commit tokens, feed the residual, set the flag.
-        The same operations as `orl.decode.block.decode` for the threshold/topk/llada rules."""
-        rule, use_res, rtemp = self._key_extra
-        lf = logits.float()
-        probs = torch.softmax(lf, dim=-1)
-        tok = probs.argmax(-1)
-        conf = probs.gather(-1, tok[..., None]).squeeze(-1)
-        if rule == "llada":
-            self._decide_llada(probs, tok, conf)
-        else:
-            self._decide_sdar(rule, tok, conf)
-        if use_res:
-            pr = probs if rtemp == 1.0 else torch.softmax(lf / rtemp, -1)
-            self.z.copy_(F_.soft_embed(self.w, pr))
-            if self.mcfg.pathway_where == "canvas":
-                self.where.fill_(True)
-            else:
-                self.where.copy_(self.unresolved)
-            if self.mcfg.pathway == "rcd":
-                self.weight.copy_(Smp.normalized_entropy(pr))
-        go = self.active if rule == "llada" else self.unresolved.any(-1)
-        torch.logical_and(go, self.step < self.max_steps, out=self.flag)
-
-    def _decide_llada(self, probs, tok, conf) -> None:
-        """LLaDA-2.1 (`orl.decode.block.decode`, rule "llada"): commit masks above the threshold
-        (else the single best), edit committed tokens whose argmax differs with probability above
-        the edit threshold; after the last mask, editing-only post steps until a round edits
-        nothing or ``max_post_steps`` of them ran."""
-        act = self.active[:, None]
-        had_masks = self.unresolved.any(-1)
-        take = Smp.llada_transfer(conf, self.unresolved, self.threshold) & act
-        edits, arg = Smp.llada_edits(probs, self.canvas, ~self.unresolved & act, self.edit_threshold)
-        self.canvas.copy_(torch.where(take, tok, torch.where(edits, arg, self.canvas)))
-        self.unresolved.logical_and_(~take)
-        self.post.add_((~had_masks & self.active).long())
-        finished = ~had_masks & (~edits.any(-1) | (self.post >= self.post_cap))
-        self.step.add_(self.active.long())
-        self.active.logical_and_(~finished)
-
-    def _decide_sdar(self, rule, tok, conf) -> None:
-        quota = (self.quota_base + (self.step < self.quota_rem).long()).clamp_min(1)  # step_quota on device
-        if rule == "threshold":
-            take = Smp.select_threshold(conf, self.unresolved, self.threshold, quota)
-        else:
-            take = Smp.select_topk(conf, self.unresolved, quota)
-        active = self.unresolved.any(-1, keepdim=True)
-        take = take & active
-        self.canvas.copy_(torch.where(take, tok, self.canvas))
-        self.unresolved.logical_and_(~take)
-        self.step.add_(active.view(1).long())
+                          kernels=self._kernels, canvas_rows=rows, anc=anc)
 
     def _start(self, fold: bool, S: int) -> None:
         """Fresh canvas and the first round (no residual yet); with ``fold`` the previous block is
         committed in the same forward and the cache length advances by K."""
-        _, use_res, _ = self._key_extra
         K = self.K
-        self.canvas.copy_(self.mask_id.expand(1, K))
-        self.unresolved.fill_(True)
-        self.step.zero_()
-        self.active.fill_(True)
-        self.post.zero_()
-        where = None
-        if use_res:
-            self.z.zero_()
-            self.weight.zero_()
-            self.where.fill_(True)
-            where = self.where
+        self.rule.begin(self)
+        residual, where, weight = self.rule.canvas_inputs(self, first=True)
+        rows = self.where if self.uniform else None
         if fold:
             tokens = torch.cat([self.prev, self.canvas], 1)
             if where is not None:
-                where = torch.cat([torch.zeros_like(where), where], 1)
-            logits = self._embed_forward(tokens, self.lim_fold, S, None, where, None, logits_from=K)
+                where = torch.cat([self.no_canvas, where], 1)
+            if rows is not None:
+                rows = torch.cat([self.no_canvas, rows], 1)
+            logits = self._embed_forward(tokens, self.lim_fold, S, residual, where, weight, logits_from=K, rows=rows)
             self.cache_len.add_(K)
         else:
-            logits = self._embed_forward(self.canvas, self.lim_canvas, S, None, where, None)
-        self._decide(logits)
+            logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight, rows=rows)
+        self.rule.decide(self, logits)
 
     def _round(self, S: int) -> None:
-        _, use_res, _ = self._key_extra
-        rcd = self.mcfg.pathway == "rcd"
-        logits = self._embed_forward(self.canvas, self.lim_canvas, S, self.z if use_res else None,
-                                     self.where if use_res else None, self.weight if use_res and rcd else None)
-        self._decide(logits)
+        residual, where, weight = self.rule.canvas_inputs(self, first=False)
+        logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight,
+                                     rows=self.where if self.uniform else None)
+        self.rule.decide(self, logits)
 
     def _end(self, S: int) -> None:
         """With ``fold_commit`` the finished block waits in ``prev`` for the next block's start;
@@ -281,6 +217,7 @@ class Runtime:
         if g is not None:
             return g
         saved = (self.cache_len.clone(), self.prev.clone())  # the warm-up runs the pieces once
+        rule_saved = [t.clone() for t in self.rule.saved()]  # e.g. the RNG counter: warm-ups draw nothing
         if kind == "start":
             g = capture(lambda: self._start(fold, S), self._cap_stream, pool=self._pool)
         elif kind == "round":
@@ -308,6 +245,9 @@ class Runtime:
             g = capture(block, cs, warmup=False, pool=self._pool)
         self.cache_len.copy_(saved[0])
         self.prev.copy_(saved[1])
+        if kind != "round":  # graph mode keeps the warm-up round as a real one (a no-op once finished)
+            for t, v in zip(self.rule.saved(), rule_saved):
+                t.copy_(v)
         self._graphs[key] = g
         return g
 
@@ -331,11 +271,14 @@ class Runtime:
         self.length, self.pending = P, False
 
     def _prefill_forward(self, prompt: torch.Tensor) -> None:
-        """The prompt's keys/values into the cache from slot 0 (prompt tokens: one block each = causal)."""
+        """The prompt's keys/values into the cache from slot 0 (prompt tokens: one block each =
+        causal; DiffusionGemma's encoder mode)."""
         P = prompt.shape[1]
         lim = torch.arange(1, P + 1, device=self.device)
+        rows = torch.zeros(1, P, dtype=torch.bool, device=self.device) if self.uniform else None
+        anc = lim - 1 if "sliding" in self.mcfg.layer_types else None
         F_.forward(self.w, F_.embed(self.w, prompt), self.cache_len, lim, self.kv, P, logits_from=None,
-                   kernels=self._kernels)
+                   kernels=self._kernels, canvas_rows=rows, anc=anc)
 
     @torch.no_grad()
     def generate_block(self) -> tuple[list[int], int]:
@@ -404,8 +347,10 @@ class Runtime:
 
     @torch.no_grad()
     def decode(self, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,
-               on_block: Callable[[int, torch.Tensor], bool] | None = None) -> DecodeOutput:
-        """`orl.decode.decode` for one row: same arguments (greedy threshold/topk/llada), same output."""
+               on_block: Callable[[int, torch.Tensor], bool] | None = None, seed: int = 0) -> DecodeOutput:
+        """`orl.decode.decode` for one row: same arguments, same output (``seed``: the counter RNG's,
+        read by uniform-state models; the reference decoder draws the same with ``rng=CounterRNG(seed)``)."""
+        self.request_seed = seed
         if prompt.dim() == 2 and prompt.shape[0] != 1:
             raise ValueError(f"the runtime decodes one request at a time; got {prompt.shape[0]} rows")
         prompt = prompt.reshape(1, -1)

@@ -20,15 +20,9 @@ MAIN = ("gsm8k", "math500", "humaneval", "mbpp")
 
 
 def _llm(model: str, role: str, device: str, sets: list[str]):
-    from ..engine.llm import LLM  # noqa: PLC0415
-    from ..recipes import _parse  # noqa: PLC0415
-    over = {}
-    for s in sets:
-        if "=" not in s:
-            raise ValueError(f"--set expects key=value, got {s!r}")
-        k, v = s.split("=", 1)
-        over[k] = _parse(v)
-    return LLM(model, role=role, device=device, **over)
+    from ..recipes.overrides import parse_sets  # noqa: PLC0415
+    from ..serve.llm import LLM  # noqa: PLC0415
+    return LLM(model, role=role, device=device, **parse_sets(sets))
 
 
 def _generate_fn(llm, max_new_tokens: int):

@@ -12,6 +12,7 @@ from collections import defaultdict
 import torch
 
 from ..decode import DecodeConfig, decode
+from ..decode.tpf import summary as tpf_summary
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = False) -> list[int]:
@@ -41,7 +42,7 @@ def evaluate(model, tokenizer, task, problems, dcfg: DecodeConfig, batch_size: i
     for p in problems:
         groups[len(encode_prompt(tokenizer, p.prompt, chat))].append(p)
     dev = next(model.parameters()).device
-    records, n_tok, n_fwd, n_fwd_nc, t0 = [], 0, 0, 0, time.time()
+    records, t0 = [], time.time()
     for plen, ps in sorted(groups.items()):
         for i in range(0, len(ps), batch_size):
             chunk = ps[i:i + batch_size]
@@ -50,14 +51,13 @@ def evaluate(model, tokenizer, task, problems, dcfg: DecodeConfig, batch_size: i
             for r, p in enumerate(chunk):
                 text = completion_text(tokenizer, out.tokens[r])
                 ok = task.verify(p, text)
-                f, fnc = out.forwards(r, True), out.forwards(r, False)
-                n_tok, n_fwd, n_fwd_nc = n_tok + len(out.tokens[r]), n_fwd + f, n_fwd_nc + fnc
+                f = out.forwards(r, True)
                 records.append({"id": p.id, "completion": text, "correct": ok, "n_tokens": len(out.tokens[r]),
                                 "forwards": f, "steps_per_block": out.steps_per_block[r]})
             if progress is not None:
                 progress(len(chunk))
     n = len(records)
-    spb = [s for r in records for s in r["steps_per_block"]]
-    return {"accuracy": sum(r["correct"] for r in records) / max(n, 1), "tpf": n_tok / max(n_fwd, 1),
-            "tpf_no_commit": n_tok / max(n_fwd_nc, 1), "steps_per_block": sum(spb) / max(len(spb), 1),
+    t = tpf_summary((r["n_tokens"], r["steps_per_block"]) for r in records)
+    return {"accuracy": sum(r["correct"] for r in records) / max(n, 1), "tpf": t["tpf"],
+            "tpf_no_commit": t["tpf_no_commit"], "steps_per_block": t["steps_per_block"],
             "n": n, "seconds": time.time() - t0, "records": records}

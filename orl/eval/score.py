@@ -22,6 +22,7 @@ from typing import Any
 from tqdm import tqdm
 
 from orl.eval.jsonlog import append, open_log, read_log
+from orl.decode.tpf import tpf
 from orl.eval.pool import verify_iter
 from orl.eval.prepare import load_prepared
 from orl.tasks.base import Task
@@ -33,13 +34,13 @@ def aggregate(scored: list[dict], n_expected: int | None = None) -> dict[str, An
     tokens = sum(r.get("n_tokens") or 0 for r in scored)
     forwards = sum(r.get("forwards") or 0 for r in scored)
     forwards_nc = sum(r.get("forwards_no_commit") or 0 for r in scored)
-    per = [r["n_tokens"] / r["forwards"] for r in scored if r.get("forwards")]
+    per = [tpf(r["n_tokens"], r["forwards"]) for r in scored if r.get("forwards")]
     return {
         "n": n,
         "n_expected": n if n_expected is None else n_expected,
         "accuracy": sum(r["score"] for r in scored) / n if n else 0.0,
-        "tpf": tokens / forwards if forwards else None,
-        "tpf_no_commit": tokens / forwards_nc if forwards_nc else None,
+        "tpf": tpf(tokens, forwards),
+        "tpf_no_commit": tpf(tokens, forwards_nc),
         "tpf_mean": sum(per) / len(per) if per else None,
         "n_errors": sum(1 for r in scored if r.get("error")),
     }

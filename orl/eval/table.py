@@ -1,6 +1,6 @@
 """Step 4 of evaluation: our numbers beside the published ORL numbers.
 
-`PAPER` holds Table 1 of the ORL manuscript (orl-method.md section 4.1: accuracy % / TPF on
+`PAPER` holds Table 1 of the ORL manuscript (docs/method.md section 4.1: accuracy % / TPF on
 GSM8K, MATH-500, HumanEval, MBPP) for the three families and both roles, plus the AIME-24 and
 MMLU-Pro columns of its Table 2 (section 4.2) where published (LLaDA and DiffusionGemma only).
 The paper's TPF counts one cache-commit forward per block, so it is compared with our ``tpf``,

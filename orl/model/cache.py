@@ -3,7 +3,7 @@
 Owns the per-layer key/value buffers (and the absolute positions of cached tokens, which
 sliding-window layers need). A forward with ``store=False`` attends to cache + new keys without
 writing; ``store=True`` writes the new keys at ``length`` (the cache-commit pass of
-orl-method.md 1.3) and the model advances ``length`` after its last layer.
+docs/method.md 1.3) and the model advances ``length`` after its last layer.
 Does not own: which tokens are committed (the decoder decides) or masks (``orl.model.masks``).
 """
 from __future__ import annotations

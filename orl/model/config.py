@@ -2,9 +2,9 @@
 
 Owns: `ModelConfig` (architecture, noise kind, residual pathway), the table of named sizes
 (`tiny` for each family and the real shapes), and lookup with errors a user can act on.
-Does not own: weights, HF key mapping (`orl.model.hf`), decoding protocols (`orl.decode.config`).
+Does not own: weights, HF key mapping (`orl.model.checkpoint`), decoding protocols (`orl.decode.config`).
 
-Families (orl-method.md 1.2, 1.4, 2.2):
+Families (docs/method.md 1.2, 1.4, 2.2):
   sdar   -- Qwen3 backbone, mask-token block diffusion (QwenDLM / SDAR style).
   llada  -- LLaDA-2.1-mini style MoE (sigmoid-free softmax router here, top-k + shared expert),
             mask-token block diffusion, threshold + editing decoder.
@@ -73,7 +73,7 @@ class ModelConfig:
     mask_token_id: int | None = 151_669
     block_size: int = 32                     # block / canvas length K
     clean_attention: str = "block"           # committed text attends "block"-causally or "causal"
-    # --- residual pathway (orl-method.md 2.1-2.3) ---
+    # --- residual pathway (docs/method.md 2.1-2.3) ---
     pathway: str = "none"                    # "none" | "mlp" (E[x] + alpha g(z)) | "rcd"
     pathway_alpha: float = 1.0
     pathway_gamma: float = 1.0               # output stored x gamma, used x 1/gamma (2.3 reading a)
@@ -223,7 +223,7 @@ SIZES: dict[str, dict[str, ModelConfig]] = {
         # canvas 256); param_count() gives 25.2B total / 3.8B active. UNSURE (not read from the real
         # checkpoint): full_head_dim=512 (HF's default global_head_dim), full_num_kv_heads=2 (HF's
         # tensor-parallel comment on gemma-4-26B-A4B), max_position, rope thetas (HF defaults). Load
-        # a real config.json with `orl.model.hf_dgemma.config_from_dgemma` instead of trusting this.
+        # a real config.json with `orl.model.checkpoint.dgemma.config_from_dgemma` instead of trusting this.
         "diffusiongemma-26b-a4b": ModelConfig(
             family="dgemma", **DGEMMA_OPTIONS, vocab_size=262_144, hidden_size=2816, num_layers=30, num_heads=16,
             num_kv_heads=8, head_dim=256, intermediate_size=2112, max_position=131_072,

@@ -1,7 +1,7 @@
 """Checkpoint conversions: the start model of an ORL run (`orl convert`).
 
 ``orl convert scrp --in BASE --out START --gamma 8`` is our equivalent of the release's
-``make_scrp_base.py --gamma 8`` (orl-method.md 2.3, reading a): it makes sure the model has a
+``make_scrp_base.py --gamma 8`` (docs/method.md 2.3, reading a): it makes sure the model has a
 residual pathway (a zero-output one is attached if the checkpoint has none, so the function is
 unchanged) and re-parameterises it with ``gamma`` (W_down stored x gamma, output / gamma), which
 leaves the logits unchanged while shrinking Adam's per-step change of the pathway by gamma.
@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from .hf import load_pretrained, save_pretrained
+from .checkpoint import load_pretrained, save_pretrained
 from .pathway import ResidualPathway, rescale_pathway
 
 

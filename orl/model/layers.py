@@ -2,7 +2,7 @@
 
 Owns the per-layer numerics for every family. Module attribute names mirror the Hugging Face
 Qwen3 checkpoints (`self_attn.q_proj`, `mlp.gate_proj`, ...) so that Qwen3/SDAR weights load by
-name; other families are mapped in `orl.model.hf`.
+name; other families are mapped in `orl.model.checkpoint`.
 Does not own: masks (built by `orl.model.masks` and passed in), the KV cache layout
 (`orl.model.cache`), the residual pathway (`orl.model.pathway`).
 

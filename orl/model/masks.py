@@ -9,7 +9,7 @@ replay with many noisy states) is described by three integers per token and ONE 
   state   -- -1 for clean/committed tokens, else the id of the noisy state (canvas) it belongs to.
   segment -- packed sample id; tokens of different segments never see each other.
 
-Rule (orl-method.md 1.2 generalised as in 3.5): query q may attend key k iff same segment and
+Rule (docs/method.md 1.2 generalised as in 3.5): query q may attend key k iff same segment and
   clean q: k clean and block(k) <= block(q)                        (staircase / block-causal)
   noisy q: (k clean and block(k) < block(q)) or state(k) == state(q)  (prefix + own canvas)
 Clean tokens never see noisy ones; a noisy canvas never sees its own clean copy, later blocks or

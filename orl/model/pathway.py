@@ -1,6 +1,6 @@
 """The residual pathway: how the previous step's distribution enters the next step's input.
 
-Owns the input embedding of a denoising step (orl-method.md 2.1-2.3, 3.7):
+Owns the input embedding of a denoising step (docs/method.md 2.1-2.3, 3.7):
   z_i     = c * sum_v p_i(v) E_v                    soft embedding of the previous step (``soft_embed``)
   "mlp":  e_i = E[x_i] c + alpha * g_phi(z_i)       ORL / DiffusionGemma self-conditioning,
           g_phi(z) = W_down(act(W_gate n(z)) * W_up n(z)) / gamma,  n = RMSNorm

@@ -1,7 +1,7 @@
 """The one transformer of every family: embeddings (+ residual pathway), decoder layers, LM head.
 
 Owns the forward pass from token ids, positions and a visibility mask to logits, with an optional
-static KV cache. It knows nothing of training, decoding or HTTP (STYLE.md convention 5): callers
+static KV cache. It knows nothing of training, decoding or HTTP (docs/STYLE.md convention 5): callers
 pass the mask (built by `orl.model.masks`), the residual input z and where it applies.
 Prediction is not shifted: the hidden state at position i predicts the token at i (SDAR; 1.2).
 DiffusionGemma's encoder (causal, writes the cache) and decoder (bidirectional canvas, reads it)

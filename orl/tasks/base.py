@@ -2,7 +2,7 @@
 
 A task owns its data loading, its prompt format and its single verifier. Training rewards
 (ORL) and evaluation scores call the same `Task.verify`, so they cannot drift apart
-(STYLE.md convention 6). This module owns only the contract and its validation; the
+(docs/STYLE.md convention 6). This module owns only the contract and its validation; the
 concrete tasks live one per file next to it.
 
 What it does not own: tokenization, decoding, isolation of untrusted code (see

@@ -1,14 +1,14 @@
 """Math answer checking with math-verify: the one comparison behind GSM8K, MATH-500 and AIME.
 
 `math_score(gold, completion)` is the single math verifier; the task files call it from their
-`verify`, so training rewards and evaluation use the same code (STYLE.md convention 6).
+`verify`, so training rewards and evaluation use the same code (docs/STYLE.md convention 6).
 
 Configuration: the gold answer is wrapped in ``\\boxed{}`` and parsed as LaTeX or a plain
 expression; the prediction is parsed with boxed answers first (``boxed_match_priority=0``, as
 math-verify advises for rewards), then LaTeX anywhere, then the last plain expression (which is
 how ``#### 72``, ``The answer is 72.0`` and ``1,234`` are read). We keep math-verify's default
-normalization (``malformed_operators=True``, ``nits=True``), deviating from the reward advice in
-training-notes.md section 5.1: with them off, ``\\boxed{\\frac43}`` and ``\\frac 34`` (8 of
+normalization (``malformed_operators=True``, ``nits=True``), deviating from
+math-verify's advice for rewards (turn both off): with them off, ``\\boxed{\\frac43}`` and ``\\frac 34`` (8 of
 MATH-500's own gold answers, a form models copy) no longer match. ``verify(gold, pred)`` is
 called gold first: the comparison is deliberately asymmetric.
 

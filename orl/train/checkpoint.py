@@ -13,7 +13,7 @@ import shutil
 
 import torch
 
-from ..model.hf import load_state, read_state_dict, save_pretrained
+from ..model.checkpoint import load_state, read_state_dict, save_pretrained
 
 
 def _atomic_write_text(path: str, text: str) -> None:

@@ -1,4 +1,4 @@
-"""The ORL loop (orl-method.md 3.2): fresh rollouts -> verify -> select + pack -> one update -> repeat.
+"""The ORL loop (docs/method.md 3.2): fresh rollouts -> verify -> select + pack -> one update -> repeat.
 
 One readable on-policy step per iteration. Rollouts use the current weights (strictly on-policy;
 ``stale_every`` > 1 reuses an older rollout policy for the off-policy ablation). Only verified
@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..decode import DecodeConfig
+from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .losses import LossConfig, orl_loss
@@ -182,11 +183,9 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         step += 1
         # ---- metrics
         n_tok = sum(r.n_generated for r in rolls)
-        fwd = sum(r.forwards for r in rolls)
-        spb = [s for r in rolls for s in r.steps_per_block]
-        m.update(reward=sum(r.reward for r in rolls) / max(len(rolls), 1), tpf=n_tok / max(fwd, 1),
-                 tpf_no_commit=n_tok / max(fwd - sum(len(r.steps_per_block) for r in rolls), 1),
-                 steps_per_block=sum(spb) / max(len(spb), 1), verified=len(verified),
+        t = tpf_summary((r.n_generated, r.steps_per_block) for r in rolls)
+        m.update(reward=sum(r.reward for r in rolls) / max(len(rolls), 1), tpf=t["tpf"],
+                 tpf_no_commit=t["tpf_no_commit"], steps_per_block=t["steps_per_block"], verified=len(verified),
                  rollout_tokens_per_s=n_tok / max(t_roll, 1e-9), train_tokens_per_s=n_train_tok / max(t_train, 1e-9))
         m["accuracy"] = m["reward"]
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and rank == 0:

@@ -1,4 +1,4 @@
-"""The ORL objective as pure functions (orl-method.md 3.3).
+"""The ORL objective as pure functions (docs/method.md 3.3).
 
   L = L_pred + lambda_aec * L_AEC + lambda_kl * L_anchor, each normalised per response (3.3.5):
   a response's loss is the sum over its selected states divided by its supervised tokens (pairs for
@@ -14,7 +14,7 @@
                 rollout batch, q equals the current model at the update, so its gradient is exactly
                 zero -- it only acts with stale rollouts).  [G]
 
-No `self`, no globals, no logging: tensors in, (loss, metrics) out (STYLE.md convention 3).
+No `self`, no globals, no logging: tensors in, (loss, metrics) out (docs/STYLE.md convention 3).
 Shapes: S states, K block length, V vocab, k top-k, N pairs, R responses.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Block-diffusion SFT batches and loss as pure functions (orl-method.md 1.2, 2.2).
+"""Block-diffusion SFT batches and loss as pure functions (docs/method.md 1.2, 2.2).
 
 Owns: turning (prompt, response) id pairs into the two-copy layout [prompt | clean | noisy] with
 mask-token or uniform-state corruption, and the SFT loss.

@@ -1,4 +1,4 @@
-"""State selection and packed replay (orl-method.md 3.2 step 2-3, 3.5, 3.6).
+"""State selection and packed replay (docs/method.md 3.2 step 2-3, 3.5, 3.6).
 
 Owns: choosing adjacent state pairs per verified rollout (a budget per response, so long responses
 do not dominate), and laying them out as rows [prompt | clean response | state | state | ...] with

@@ -1,4 +1,4 @@
-"""On-policy rollouts with exact residual capture, and their verification (orl-method.md 3.1-3.4).
+"""On-policy rollouts with exact residual capture, and their verification (docs/method.md 3.1-3.4).
 
 Owns: decoding G rollouts per prompt with the CURRENT weights and the family's decoder, keeping
 for every denoising step the state it consumed -- canvas tokens, unresolved set, the exact
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..decode import DecodeConfig, decode
+from ..decode.tpf import forwards as count_forwards
 from ..eval.heldout import completion_text, encode_prompt, eos_ids
 
 
@@ -50,7 +51,7 @@ class Rollout:
 
     @property
     def forwards(self) -> int:
-        return sum(self.steps_per_block) + len(self.steps_per_block)
+        return count_forwards(self.steps_per_block)
 
 
 @torch.no_grad()

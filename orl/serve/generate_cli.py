@@ -1,27 +1,14 @@
 """`orl generate`: decode one prompt with an `LLM` and report text, TPF, forwards and tokens/s.
 
 Owns argument parsing and the printed report (the completion on stdout, the report on stderr so
-``orl generate ... > out.txt`` keeps only the text). Does not own decoding (`orl.engine.llm`).
+``orl generate ... > out.txt`` keeps only the text). Does not own decoding (`orl.serve.llm`).
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 
-
-def parse_sets(items: list[str]) -> dict:
-    """``["threshold=0.8", "use_cache=False"]`` -> {"threshold": 0.8, "use_cache": False}."""
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
-        try:
-            out[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key] = raw  # a bare word: a string (e.g. rule=topk)
-    return out
+from ..recipes.overrides import parse_sets
 
 
 def report(gen) -> str:

@@ -1,61 +1,52 @@
-"""Recipe lookup and ``--set a.b=value`` overrides on config dataclasses.
+"""``--set key.path=value`` overrides: the one parser of the `orl` commands.
 
-A recipe is a Python function in the top-level ``recipes`` package returning a config dataclass
-(STYLE.md convention 1). ``--set`` walks dataclass fields, dict keys and list indices; values are
-parsed as JSON/Python literals when they parse, else kept as strings.
+`apply_overrides` sets fields of a config dataclass (walking dataclass fields, dict keys and list
+indices; unknown fields raise with the list of known ones); `parse_sets` turns the same strings into
+a flat dict of keyword arguments (`orl generate` / `orl serve` decoding fields). Values parse as
+Python literals when they parse (``0.8``, ``[1, 2]``, ``False``), ``true``/``false``/``none`` in any
+case as bool/None, anything else stays a string.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
-import pkgutil
 
 
-def list_recipes() -> dict[str, object]:
-    import recipes  # noqa: PLC0415
-    found = {}
-    for info in pkgutil.iter_modules(recipes.__path__):
-        mod = importlib.import_module(f"recipes.{info.name}")
-        for name in dir(mod):
-            fn = getattr(mod, name)
-            if callable(fn) and getattr(fn, "__module__", None) == mod.__name__ and not name.startswith("_") \
-                    and not isinstance(fn, type):
-                found[name] = fn
-    return found
-
-
-def get_recipe(name: str, **kwargs):
-    table = list_recipes()
-    if name not in table:
-        raise ValueError(f"unknown recipe {name!r}; available: {', '.join(sorted(table))}")
-    return table[name](**kwargs)
-
-
-def _parse(value: str):
+def parse_value(raw: str):
     try:
-        return ast.literal_eval(value)
+        return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        low = value.lower()
+        low = raw.strip().lower()
         if low in ("true", "false"):
             return low == "true"
         if low in ("none", "null"):
             return None
-        return value
+        return raw
+
+
+def split_set(item: str) -> tuple[str, str]:
+    """``"a.b=1"`` -> ("a.b", "1"); a clear error for anything without a key and an ``=``."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+    return key.strip(), raw
+
+
+def parse_sets(items: list[str]) -> dict:
+    """``["threshold=0.8", "use_cache=False"]`` -> {"threshold": 0.8, "use_cache": False}."""
+    return {k: parse_value(raw) for k, raw in map(split_set, items or [])}
 
 
 def apply_overrides(cfg, sets: list[str]):
     """Apply ``key.path=value`` strings to ``cfg`` in place; returns cfg. Unknown keys raise."""
     for item in sets or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        path, raw = item.split("=", 1)
-        keys = path.strip().split(".")
+        path, raw = split_set(item)
+        keys = path.split(".")
         obj = cfg
         for k in keys[:-1]:
             obj = _child(obj, k, path)
         last = keys[-1]
-        value = _parse(raw)
+        value = parse_value(raw)
         current = getattr(obj, last, None) if dataclasses.is_dataclass(obj) else None
         if value is None and isinstance(current, str):
             value = raw.strip()  # a string field: "none" is a value (e.g. loss.anchor=none), not None

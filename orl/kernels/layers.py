@@ -383,6 +383,11 @@ class TritonKernels:
         if not ok:
             raise RuntimeError(f"kernels='triton' unavailable: {why}; use kernels='torch'")
         cfg = w.cfg
+        if cfg.sandwich_norm or cfg.layer_scalar or cfg.full_k_eq_v or "sliding" in cfg.layer_types \
+                or cfg.full_head_dim or cfg.full_num_kv_heads:
+            raise NotImplementedError("the Triton layer kernels cover SDAR / LLaDA layers (dense or MoE); Gemma-4 "
+                                      "options (sandwich norms, layer scalars, sliding windows, K = V) run with "
+                                      "kernels='torch'")
         hd = cfg.head_dim
         if hd < 16 or hd & (hd - 1):
             raise NotImplementedError(f"the Triton kernels need a power-of-two head_dim >= 16, not {hd}")
@@ -518,7 +523,7 @@ class TritonKernels:
                 logits_from: int | None = 0) -> torch.Tensor | None:
         """`orl.engine.forward.forward` (same arguments and result) with these kernels."""
         from ..model.layers import soft_cap  # noqa: PLC0415
-        from .moe import moe_mlp  # noqa: PLC0415
+        from ..engine.moe import moe_mlp  # noqa: PLC0415
         w, c = self.w, self.cfg
         red = w.tp_reduce or (lambda t: t)  # tensor parallel: partials summed over ranks in place
         x = h[0].contiguous()

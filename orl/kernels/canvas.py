@@ -1,4 +1,4 @@
-"""Triton kernel of a DiffusionGemma round's per-position work over the logits (`orl.engine.dgemma_sampler`
+"""Triton kernel of a DiffusionGemma round's per-position work over the logits (`orl.engine.rules.canvas_round`
 owns the contract: ``dgemma_round`` is the reference, ``dgemma_round_fused`` calls ``round_rows``).
 
 One program per canvas position (row of V logits), ``orl_dgemma_rows``:
@@ -12,7 +12,7 @@ One program per canvas position (row of V logits), ``orl_dgemma_rows``:
   sample   (not greedy) target = u * S for the row's uniform u; the block b* holding the target from the
            inclusive prefix sums of w (none: V - 1, torch's clamp); that one block is read again and the
            token is the first index whose cumulative exp(lg - M) (carried from the prefix before b*)
-           exceeds the target -- `dgemma_sampler.sample_inverse_cdf`'s rule without normalising.
+           exceeds the target -- `orl.decode.rng.sample_inverse_cdf`'s rule without normalising.
   probs    (only when asked) pass 2: the self-conditioning probabilities softmax(lg.to(dtype)) in float32
            (`orl.decode.samplers.dgemma_selfcond_probs`), written in the output's dtype (the embedding's:
            `orl.engine.forward.soft_embed` casts them to it anyway).
@@ -129,7 +129,7 @@ def round_rows(logits: torch.Tensor, temp: torch.Tensor, u: torch.Tensor | None 
                block: int | None = None, num_warps: int | None = None):
     """The per-position work of one round over logits (..., V) (float32, bf16 or fp16).
 
-    temp (1,) float32 (`dgemma_sampler.temperature`); u (...) float32 uniforms, or None: greedy (the
+    temp (1,) float32 (`orl.engine.rules.temperature`); u (...) float32 uniforms, or None: greedy (the
     token is the argmax). ``probs_dtype``: also return softmax(lg.to(round_dtype), float32) in that
     dtype (``round_dtype`` None: that of probs_dtype; float32 rounds nothing). Returns (argmax (...)
     int64, token (...) int64, entropy (...) float32 nats, probs (..., V) or None)."""

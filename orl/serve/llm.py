@@ -8,19 +8,19 @@ released only once it cannot change and cannot be the start of a stop string), s
 cancellation at block boundaries, and the per-request numbers (TPF with and without the commit
 pass, forwards, latency, tokens/s).
 
-Does not own: the denoising loop (`orl.decode`), HTTP or queueing (`orl.engine.server`), or
+Does not own: the denoising loop (`orl.decode`), HTTP or queueing (`orl.serve.server`), or
 batching: one request decodes at a time. Every decode goes through `LLM._decode`, which picks the
 decoder (``engine``): the fast runtime (`orl.engine.runtime`: static buffers, the block's rounds in
 one CUDA graph) for the requests it runs -- greedy SDAR/LLaDA rules, DiffusionGemma's rule sampled
-or greedy (`orl.engine.dgemma`) -- on a CUDA device, the reference decoder (`orl.decode`) otherwise.
+or greedy (`orl.engine.rules.CanvasRule`) -- on a CUDA device, the reference decoder (`orl.decode`) otherwise.
 What "the same result" means differs by family:
   * SDAR/LLaDA: both decoders give the same tokens under greedy decoding (no random numbers).
   * DiffusionGemma draws random numbers even when greedy (the starting canvas, the re-noising), and
-    the runtime draws them from its own counter RNG (`orl.engine.dgemma_sampler`) seeded with the
+    the runtime draws them from its own counter RNG (`orl.decode.rng.CounterRNG`) seeded with the
     request's seed, the reference decoder from a torch.Generator seeded with it: the same seed gives
     each decoder its own reproducible text (same seed, same engine -> same text), the two texts
     differ, and their distributions are the same (up to float32 rounding of the sampler's CDF).
-    Driven by the same stream (`dgemma_sampler.reference_rng`), the reference decoder gives the
+    Driven by the same stream (``rng=CounterRNG(seed)``), the reference decoder gives the
     runtime's tokens, rounds and forwards (tests/test_llm_dgemma_engine.py).
 Stop strings, EOS, streaming and cancellation are this object's work on the blocks either decoder
 hands back (``on_block``), so they behave the same whichever decoder runs.
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decode import DecodeConfig, DecodeOutput, decode, protocol
+from ..decode.rng import CounterRNG, TorchRNG
 from ..model import build_model, find_size, load_pretrained
 from ..tokenizer import load_tokenizer
 
@@ -94,14 +95,19 @@ class LLM:
     on the CPU it runs eagerly -- a check, not a speed-up). The runtime keeps its own baked copy of
     the weights (one more copy of the model in memory) and a static KV cache of ``engine_max_len``.
     For DiffusionGemma the engine is part of what a seed means (module docstring): the runtime and
-    the reference decoder sample different texts for the same seed.
+    the reference decoder sample different texts for the same seed, unless ``rng="counter"``: then
+    the reference decoder draws the runtime's counter stream (`orl.decode.rng.CounterRNG`) for the
+    request's seed and both decoders give the same text ("torch", the default: torch.Generator).
     """
 
     def __init__(self, model: str, role: str = "base", device: str = "cpu",
                  dtype: str | torch.dtype | None = None, tokenizer=None, engine: str = "auto",
-                 engine_max_len: int = 4096, **decode_overrides):
+                 engine_max_len: int = 4096, rng: str = "torch", **decode_overrides):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if rng not in ("torch", "counter"):
+            raise ValueError(f"rng must be 'torch' (torch.Generator) or 'counter' (the runtime's stream), got {rng!r}")
+        self.rng = rng
         self.engine, self.engine_max_len, self._runtime = engine, engine_max_len, None
         self.name = model
         self.device = device
@@ -225,7 +231,7 @@ class LLM:
         """Whether a request with ``cfg`` goes to the fast runtime (see ``engine``): the model's
         block size, prompt + budget (whole blocks) + one block within ``engine_max_len``, and
         SDAR/LLaDA: a greedy threshold/topk/llada rule; DiffusionGemma: rule "dgemma", sampled or
-        greedy, on a model of the shape `DGemmaRuntime` is built for (`_dgemma_runtime_fits`).
+        greedy, on a model of the shape `CanvasRule` is built for (`_dgemma_runtime_fits`).
         Stop strings, EOS, streaming, cancellation and seeds never decide (module docstring)."""
         if self.engine == "reference" or (self.engine == "auto" and not str(self.device).startswith("cuda")):
             return False
@@ -247,15 +253,15 @@ class LLM:
         with torch.inference_mode():
             if self.uses_runtime(cfg, len(prompt_ids)):
                 if self._runtime is None:
-                    from .runtime import Runtime  # noqa: PLC0415 - only when used
-                    # a uniform-noise model gets a DGemmaRuntime (Runtime.__new__)
+                    from ..engine.runtime import Runtime  # noqa: PLC0415 - only when used
                     self._runtime = Runtime(self.model, cfg.block_size, max_len=self.engine_max_len)
-                if self.model.config.noise == "uniform":
-                    return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block,
-                                                seed=_counter_seed(seed))
-                return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block)
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
-            return decode(self.model, prompt, cfg, eos_ids=eos_ids, generator=generator, on_block=on_block)
+                return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block,
+                                            seed=_counter_seed(seed) if self.model.config.noise == "uniform" else 0)
+            if self.rng == "counter":
+                rng = CounterRNG(_counter_seed(seed))
+            else:
+                rng = TorchRNG(torch.Generator().manual_seed(seed) if seed is not None else None)
+            return decode(self.model, prompt, cfg, eos_ids=eos_ids, rng=rng, on_block=on_block)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                  stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
@@ -322,7 +328,7 @@ class LLM:
 
 
 def _dgemma_runtime_fits(mcfg) -> bool:
-    """Whether `orl.engine.dgemma.DGemmaRuntime` decodes this uniform-noise model as the reference
+    """Whether the runtime's `orl.engine.rules.CanvasRule` decodes this uniform-noise model as the reference
     decoder does: it hard-wires DiffusionGemma's layout (committed text causal) and its
     self-conditioning input on every canvas position (no "rcd" pathway, no unresolved-only rows)."""
     return mcfg.clean_attention == "causal" and (mcfg.pathway == "none" or

@@ -1,9 +1,8 @@
-"""Checkpoints in the Hugging Face layout: safetensors (single or sharded + index) and config.json.
+"""Checkpoint files in the Hugging Face layout: safetensors (single or sharded + index) and config.json.
 
-Owns: mapping between our parameter names and those of Qwen3/SDAR and DiffusionGemma checkpoints,
-config translation, validation (missing / unexpected / misshaped keys are all listed in one error
+Owns: reading, validation (missing / unexpected / misshaped keys are all listed in one error
 and nothing is loaded), atomic writes (a directory is written beside the target and renamed).
-Does not own: tokenizers (saved by the caller next to the weights), optimizer state (`orl.train.checkpoint`).
+Does not own: formats and key maps (`orl.model.checkpoint.formats` and its modules), tokenizers (saved by the caller next to the weights), optimizer state (`orl.train.checkpoint`).
 """
 from __future__ import annotations
 
@@ -15,55 +14,23 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
-from .transformer import Transformer, build_model
+from ..config import ModelConfig
+from ..transformer import Transformer, build_model
+from .formats import CheckpointError, family_format, format_of
+from .native import config_to_hf
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message lists every problem and the fix."""
-
-
-# --------------------------------------------------------------------------- config translation
 def config_from_hf(d: dict) -> ModelConfig:
-    """Our config from a config.json: our own block if present, else a Qwen3 / DiffusionGemma one."""
-    if "orl" in d:
-        return ModelConfig.from_dict(d["orl"])
-    mt = d.get("model_type")
-    if mt in ("qwen3", "sdar"):
-        return ModelConfig(
-            family="sdar", vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-            num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
-            num_kv_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
-            head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
-            intermediate_size=d["intermediate_size"],
-            rope_theta=float((d.get("rope_parameters") or {}).get("rope_theta", d.get("rope_theta", 1e6))),
-            rms_eps=d.get("rms_norm_eps", 1e-6), max_position=d.get("max_position_embeddings", 40960),
-            tie_embeddings=d.get("tie_word_embeddings", True), attention_bias=d.get("attention_bias", False),
-            mask_token_id=d.get("mask_token_id", 151669), block_size=d.get("block_size", 4), pathway="none")
-    from .hf_dgemma import config_from_dgemma  # noqa: PLC0415 (family-specific, optional)
-    if mt in ("diffusion_gemma", "diffusion_gemma_text"):
-        return config_from_dgemma(d)
-    raise CheckpointError(f"unsupported model_type {mt!r} in config.json; supported: qwen3, sdar, "
-                          "diffusion_gemma, or a config saved by orl (with an 'orl' block)")
+    """Our config from a config.json dict, by its registered format (`formats.format_of`)."""
+    return format_of(d).config_from(d)
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
-    d = {"architectures": ["OrlTransformer"], "model_type": "orl", "orl": cfg.to_dict(),
-         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-         "head_dim": cfg.head_dim, "torch_dtype": "float32"}
-    return d
-
-
-# --------------------------------------------------------------------------- key mapping
 def _to_ours(cfg: ModelConfig, state: dict) -> dict:
-    if cfg.family == "dgemma":
-        from .hf_dgemma import dgemma_to_ours  # noqa: PLC0415
-        return dgemma_to_ours(cfg, state)
-    return dict(state)
+    fmt = family_format(cfg.family)
+    return fmt.to_ours(cfg, state) if fmt.to_ours is not None else dict(state)
 
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:

@@ -4,7 +4,7 @@ Owns: translating a DiffusionGemma ``config.json`` into `ModelConfig` (`config_f
 the key mapping between HF's checkpoint and our parameter names in both directions
 (`dgemma_to_ours`, `ours_to_dgemma`). The numerics that make the result equal to HF live in the
 model as configuration (docs/diffusiongemma-spec.md; `config.DGEMMA_OPTIONS`).
-Does not own: reading/writing files or validation (`orl.model.hf`), the vision tower (text only:
+Does not own: reading/writing files or validation (`orl.model.checkpoint.files`), the vision tower (text only:
 its keys are ignored).
 
 HF's encoder (causal, writes the KV cache) and decoder (canvas, reads it) share every text weight;
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import DGEMMA_OPTIONS, ModelConfig
-from .hf import CheckpointError
+from ..config import DGEMMA_OPTIONS, ModelConfig
+from .formats import CheckpointError, Format, register
 
 DEC = "model.decoder."
 ENC = "model.encoder.language_model."
@@ -185,3 +185,6 @@ def ours_to_dgemma(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
         elif k == "lm_head.weight" and not cfg.tie_embeddings:
             out[k] = v
     return out
+
+
+DGEMMA = register(Format("dgemma", config_from_dgemma, dgemma_to_ours), "diffusion_gemma", "diffusion_gemma_text")
