@@ -3,7 +3,7 @@
     python benchmarks/ablations.py --demo runs/demo --out runs/ablations [--n-eval 500]
 
 Needs a finished `orl demo --out runs/demo` (its SFT base and ORL start model). Each variant is an
-ORL recipe in recipes/orl_arith.py run from the same start model with the same seed; each is
+ORL recipe in orl/recipes/orl_arith.py run from the same start model with the same seed; each is
 evaluated on the same held-out problems with the same greedy decoder. Prints a markdown table.
 """
 from __future__ import annotations

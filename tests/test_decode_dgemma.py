@@ -145,7 +145,7 @@ def test_end_to_end_matches_hf_generate(pair, t_min, t_max, N, new):
 
 def test_temperature_is_bitwise_hf():
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import LinearTemperatureScheduleLogitsProcessor
-    x = torch.randn(2, 3, 11)
+    x = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0))
     for N in (7, 48):
         proc = LinearTemperatureScheduleLogitsProcessor(0.4, 0.8, N)
         for n in range(1, N + 1):

@@ -248,7 +248,9 @@ interpreter_only = pytest.mark.skipif(torch.cuda.is_available(),
 
 
 @interpreter_only
-@pytest.mark.parametrize("V,K,block", [(64, 8, 16), (64, 16, None), (1000, 16, 128), (1000, 8, None), (257, 8, 32)])
+# the smallest shapes that cover each path of the kernel: several vocab blocks per row (64/16), one block
+# (64), a non-power-of-two vocab padded inside one block (100) and split with a one-column last block (257/32)
+@pytest.mark.parametrize("V,K,block", [(64, 8, 16), (64, 16, None), (100, 8, None), (257, 8, 32)])
 @pytest.mark.parametrize("greedy", [False, True])
 def test_fused_rows_match_torch(V, K, block, greedy):
     x = _hard_rows(K, V, V + K)
@@ -326,8 +328,7 @@ def test_fused_round_matches_torch(greedy):
 
 
 @interpreter_only
-@pytest.mark.parametrize("name", ["sampled, schedule", "sampled, not folded", "greedy, stability 0",
-                                  "low temperature: early stop", "no self-conditioning"])
+@pytest.mark.parametrize("name", ["sampled, not folded", "low temperature: early stop", "no self-conditioning"])
 def test_decode_fused_sampler_matches_reference(model, name, monkeypatch):
     monkeypatch.setattr(DK, "BLOCK", 64)  # vocab 256: four blocks a row
     P, kw, fold, _ = CASES[name]

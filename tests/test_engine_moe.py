@@ -23,11 +23,11 @@ from orl.model.layers import MoE
 
 def _moe(family="llada", seed=0, **kw):
     cfg = get_config(family, "tiny", **kw)
-    torch.manual_seed(seed)
     m = MoE(cfg)
-    with torch.no_grad():  # larger than the default init so routing and outputs are far from ties
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # every weight redrawn, larger than the default init: routing and outputs far from ties
         for p in m.parameters():
-            p.normal_(0, 0.3)
+            p.normal_(0, 0.3, generator=g)
     return m, cfg
 
 
@@ -49,7 +49,8 @@ MOE_CASES = [  # (family, overrides, T): llada (silu, shared expert), dgemma (ge
 def test_moe_mlp_torch_matches_model(family, kw, T):
     m, cfg = _moe(family, **kw)
     mw = bake_moe(m, _cast)
-    x, r = torch.randn(1, T, cfg.hidden_size), torch.randn(1, T, cfg.hidden_size)
+    g = torch.Generator().manual_seed(T)
+    x, r = torch.randn(1, T, cfg.hidden_size, generator=g), torch.randn(1, T, cfg.hidden_size, generator=g)
     ri = r if cfg.router_scale else None
     with torch.no_grad():
         ref = m(x, router_input=ri)
@@ -61,7 +62,7 @@ def test_moe_torch_bf16_close_to_model():
     m, cfg = _moe()
     m = m.to(torch.bfloat16)
     mw = bake_moe(m, lambda t: None if t is None else t.detach().contiguous())
-    x = torch.randn(1, 13, cfg.hidden_size).to(torch.bfloat16)
+    x = torch.randn(1, 13, cfg.hidden_size, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     with torch.no_grad():
         ref, got = m(x), moe_mlp(x, mw, cfg, backend="torch")
     torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
@@ -70,7 +71,7 @@ def test_moe_torch_bf16_close_to_model():
 def test_route_and_plan():
     m, cfg = _moe(num_experts=16, num_experts_per_tok=4)
     mw = bake_moe(m, _cast)
-    x = torch.randn(5, cfg.hidden_size)
+    x = torch.randn(5, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     w, ids = route(x, mw, cfg)
     rw, rids = m.route(x)
     # same sets and weights, each row sorted by expert id
@@ -225,7 +226,7 @@ def test_route_kernel_bf16_llada_mini_on_cuda(block_e):
 def test_experts_torch_chunks_give_the_same_result():
     m, cfg = _moe()
     mw = bake_moe(m, _cast)
-    x = torch.randn(6, cfg.hidden_size)
+    x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     w, ids = route(x, mw, cfg)
     a = experts_torch(x, ids, w, mw, cfg)
     b = experts_torch(x, ids, w, mw, cfg, max_elems=1)  # one pair per chunk
@@ -234,9 +235,10 @@ def test_experts_torch_chunks_give_the_same_result():
 
 def _llada(pathway="mlp", **kw):
     m = build_model(get_config("llada", "tiny", pathway=pathway, tie_embeddings=False, **kw), seed=1).eval()
+    g = torch.Generator().manual_seed(1)
     if m.residual_pathway is not None:  # make the pathway matter
-        torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.2)
-    torch.nn.init.normal_(m.lm_head.weight, std=0.3)  # peaked outputs: thresholds fire, edits happen
+        torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.2, generator=g)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.3, generator=g)  # peaked outputs: thresholds fire, edits happen
     return m
 
 
@@ -284,7 +286,7 @@ def test_runtime_llada_post_steps_cap_rounds():
 def test_forward_matches_model_llada_and_floor_counts_touched_experts():
     model = _llada()
     cfg, P = model.config, 9
-    prompt = torch.randint(5, 60, (1, P))
+    prompt = torch.randint(5, 60, (1, P), generator=torch.Generator().manual_seed(0))
     ref = model(prompt, torch.arange(P), torch.ones(P, P, dtype=torch.bool).tril())
     w, kv = bake(model, max_len=32), StaticKV(cfg, 32, torch.float32, "cpu")
     assert w.moe_backend == "torch"
@@ -311,7 +313,8 @@ with torch.no_grad():
     for family, kw, T in MOE_CASES:
         m, cfg = _moe(family, **kw)
         mw = bake_moe(m, _cast)
-        x, r = torch.randn(1, T, cfg.hidden_size), torch.randn(1, T, cfg.hidden_size)
+        g = torch.Generator().manual_seed(T)
+        x, r = torch.randn(1, T, cfg.hidden_size, generator=g), torch.randn(1, T, cfg.hidden_size, generator=g)
         ri = r if cfg.router_scale else None
         torch.testing.assert_close(moe_mlp(x, mw, cfg, router_input=ri, backend="triton"),
                                    m(x, router_input=ri), rtol=5e-5, atol=5e-5)  # float32, other summation orders

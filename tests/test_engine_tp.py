@@ -1,9 +1,6 @@
 """Tensor parallelism (`orl.engine.tp`) on CPU: two gloo processes, each running the runtime on
 its shard (eager, float32), give the same tokens and rounds as one process and as the reference
 decoder; the shards cover the weights exactly once."""
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,7 +13,8 @@ from orl.model import build_model, get_config
 
 def _model(size):
     m = build_model(get_config("sdar", size, tie_embeddings=False), seed=1).eval()
-    torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.2)
+    # an explicit generator: the parent and the spawned ranks must build the very same weights
+    torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.2, generator=torch.Generator().manual_seed(1))
     return m
 
 
@@ -28,10 +26,10 @@ def _cfg(model):
 PROMPT = [[7, 8, 9, 11, 5, 6, 30]]
 
 
-def _worker(rank, world, port, size, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, rendezvous, size, out_path):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # rendezvous through a file: no TCP port to pick, so nothing another process can take first
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         model = _model(size)
         rt = Runtime(model, model.config.block_size, mode="eager", max_len=128, bucket=32, tp=True)
@@ -43,12 +41,6 @@ def _worker(rank, world, port, size, out_path):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("size", ["small"])
 def test_tp2_tokens_equal_single_process(size, tmp_path):
     model = _model(size)
@@ -58,7 +50,7 @@ def test_tp2_tokens_equal_single_process(size, tmp_path):
     one = one.decode(torch.tensor(PROMPT), cfg)
     assert one.tokens == ref.tokens
     out = str(tmp_path / "tp")
-    mp.spawn(_worker, args=(2, _free_port(), size, out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, str(tmp_path / "rendezvous"), size, out), nprocs=2, join=True)
     res = [torch.load(f"{out}.{r}") for r in range(2)]
     full = sum(lw.qkv.numel() + lw.o.numel() + lw.gate_up.numel() + lw.down.numel()
                for lw in Runtime(model, model.config.block_size, mode="eager", max_len=16).w.layers)

@@ -136,7 +136,7 @@ def test_cited_documents_live_in_the_repository():
                     continue
                 text = open(os.path.join(d, f), errors="replace").read()
                 for m in cite.findall(text):
-                    if m.startswith(("http", "//")) or "/" not in m and m in ("README.md",):
+                    if m.startswith(("http", "//")) or m in ("README.md", "main_table.md"):  # main_table.md: an output
                         continue
                     cands = [os.path.join(ROOT, m), os.path.join(d, m), os.path.join(ROOT, "docs", os.path.basename(m)),
                              os.path.join(ROOT, "benchmarks", os.path.basename(m))]

@@ -12,15 +12,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _reference(tie: bool):
-    torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                       tie_word_embeddings=tie, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    ref = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():  # random norm weights so the test sees them
+    with torch.random.fork_rng(devices=[]):  # HF's init draws from the global RNG: keep it off the caller's
+        ref = Qwen3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # every weight redrawn from an explicit generator; random norm weights so the test sees them
         for n, p in ref.named_parameters():
             if n.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn_like(p))
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(cfg.initializer_range * torch.randn(p.shape, generator=g))
     return ref
 
 
@@ -30,7 +33,7 @@ def test_qwen3_logits_match_transformers():
         with tempfile.TemporaryDirectory() as d:
             ref.save_pretrained(d)
             ours = load_pretrained(d).eval()
-        tokens = torch.randint(0, 256, (2, 23))
+        tokens = torch.randint(0, 256, (2, 23), generator=torch.Generator().manual_seed(1))
         T = tokens.shape[1]
         # causal == block-causal with one block per token (prompt-style block ids)
         blk = clean_blocks(T, 0, 4)

@@ -124,8 +124,6 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
                          f"the model context {mcfg.max_position}; shorten the prompt or lower max_new_tokens")
     dev = prompt.device
     eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long, device=dev)
-    use_res = cfg.residual and mcfg.pathway != "none"
-    where_canvas = mcfg.pathway_where == "canvas"
 
     cache = None
     if cfg.use_cache:
@@ -138,91 +136,10 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
     finish = ["length"] * B
     steps_per_block: list[list[int]] = [[] for _ in range(B)]
     records: list[StepRecord] = []
-    max_steps = cfg.max_steps
-    post_cap = cfg.max_post_steps if cfg.rule == "llada" else 0
 
     for b in range(n_blocks):
-        if uniform:
-            canvas = rng.canvas(mcfg.vocab_size, (B, K), dev)
-        else:
-            canvas = torch.full((B, K), mask_id, dtype=torch.long, device=dev)
-        unresolved = torch.ones(B, K, dtype=torch.bool, device=dev)
-        active = ~done
-        steps = torch.zeros(B, dtype=torch.long, device=dev)
-        post = torch.zeros(B, dtype=torch.long, device=dev)
-        stable = torch.zeros(B, dtype=torch.long, device=dev)
-        prev_arg = None
-        z = weight = None
-        # canvas pathways (DiffusionGemma) always mark the canvas: the post-norm applies even with z = 0
-        where = (torch.ones(B, K, dtype=torch.bool, device=dev) if where_canvas else unresolved.clone()) \
-            if (use_res or (where_canvas and mcfg.pathway != "none")) else None
-        for step in range(max_steps + post_cap):
-            if not active.any():
-                break
-            logits = _forward_canvas(model, cfg, committed, canvas, z, where, weight, cache, P)
-            temp = cfg.temperature
-            if cfg.rule == "dgemma":  # processed logits lg = raw / T(n), n = steps remaining (HF)
-                temp = S.dgemma_temperature(max_steps - step, max_steps, cfg.t_min, cfg.t_max)
-                lg, probs, tok, ent_nats = S.dgemma_step(logits, temp, cfg.temperature == 0, rng.sample)
-                ent = S.normalized_entropy(probs)
-            else:
-                probs, tok, conf, ent = S.step_distribution(logits, temp, rng.sample)
-            act = active[:, None]
-            rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
-            finished = torch.zeros(B, dtype=torch.bool, device=dev)
-            if cfg.rule in ("threshold", "topk", "entropy"):
-                quota = S.step_quota(K, max_steps, step)
-                if cfg.rule == "threshold":
-                    take = S.select_threshold(conf, unresolved, cfg.threshold, quota)
-                elif cfg.rule == "topk":
-                    take = S.select_topk(conf, unresolved, quota)
-                else:
-                    take = S.select_entropy_bounded(ent, unresolved, cfg.entropy_bound)
-                take &= act
-                canvas = torch.where(take, tok, canvas)
-                unresolved &= ~take
-                finished = ~unresolved.any(-1)
-            elif cfg.rule == "llada":
-                had_masks = unresolved.any(-1)
-                take = S.llada_transfer(conf, unresolved, cfg.threshold) & act
-                edits, arg = S.llada_edits(probs, canvas, ~unresolved & act, cfg.edit_threshold)
-                canvas = torch.where(take, tok, torch.where(edits, arg, canvas))
-                unresolved &= ~take
-                post += (~had_masks & active).long()
-                finished = ~had_masks & (~edits.any(-1) | (post >= cfg.max_post_steps))
-                take = take | edits
-            else:  # dgemma: HF DiffusionGemma generate (docs/diffusiongemma-spec.md 9)
-                # Every position is re-judged each step: the lowest-entropy sampled tokens are
-                # accepted (entropy bound), all others re-noised uniformly; nothing stays fixed.
-                # A row stops when its argmax canvas is stable and confident, or at the last step,
-                # and commits the argmax canvas (not the sampled one). ``prev_arg`` holds the
-                # argmax history (s, B, K) of the stability test; rows already stopped are frozen.
-                take = S.dgemma_accept(ent_nats, cfg.entropy_bound)
-                noise = rng.noise(mcfg.vocab_size, (B, K), dev)
-                arg = torch.where(act, lg.argmax(-1), canvas)
-                if prev_arg is None:
-                    prev_arg = torch.full((cfg.stability_threshold, B, K), -1, dtype=torch.long, device=dev)
-                stable, prev_arg = S.dgemma_stable(prev_arg, arg)
-                early = stable & (ent_nats.mean(-1) < cfg.confidence_threshold)
-                finished = early | (step + 1 >= max_steps)
-                stop = finished[:, None]
-                canvas = torch.where(act, torch.where(stop, arg, torch.where(take, tok, noise)), canvas)
-                unresolved = torch.where(act, ~take & ~stop, unresolved)  # re-noised positions
-                take = take | stop
-            steps += active.long()
-            if trace:
-                records.append(StepRecord(b, step, rec_canvas, rec_unres, z, where, weight, ent,
-                                          take & act, active.clone(), logits if trace_logits else None))
-            active = active & ~finished
-            if use_res:  # residual of this step feeds the next one (3.7)
-                if cfg.rule == "dgemma":  # HF: from the processed (temperature-scaled) logits
-                    pr = S.dgemma_selfcond_probs(lg, model.model.embed_tokens.weight.dtype)
-                else:
-                    pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) else \
-                        torch.softmax(logits.float() / cfg.residual_temperature, -1)
-                z = model.soft_embed(pr)
-                where = torch.ones_like(unresolved) if where_canvas else unresolved.clone()
-                weight = S.normalized_entropy(pr) if mcfg.pathway == "rcd" else None
+        canvas, steps = _decode_block(model, cfg, b, committed, ~done, cache, P, rng, mask_id, records,
+                                      trace, trace_logits)
         for r in range(B):
             if not bool(done[r]):
                 steps_per_block[r].append(int(steps[r]))
@@ -240,7 +157,12 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
         if bool(done.all()):
             break
 
-    gen = committed[:, P:].tolist()
+    return _output(committed[:, P:].tolist(), cfg, eos, finish, steps_per_block, P, records)
+
+
+def _output(gen, cfg, eos, finish, steps_per_block, P, records) -> DecodeOutput:
+    """Each row's tokens up to ``max_new_tokens`` and its first EOS, and every committed block."""
+    B, K = len(gen), cfg.block_size
     out_tokens = []
     for r in range(B):
         t = gen[r][:cfg.max_new_tokens]
@@ -252,3 +174,108 @@ def decode(model, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_i
         out_tokens.append(t)
     blocks = [gen[r][:K * len(steps_per_block[r])] for r in range(B)]
     return DecodeOutput(out_tokens, finish, steps_per_block, P, K, records, blocks)
+
+
+def _decode_block(model, cfg: DecodeConfig, b: int, committed, active, cache, P: int, rng, mask_id,
+                  records: list, trace: bool, trace_logits: bool):
+    """Denoise block ``b`` for the ``active`` rows (B,) after ``committed`` (B, n): the steps of
+    docs/method.md 1.3 with the residual feedback of 3.7. Returns (canvas (B, K), steps (B,))."""
+    mcfg, K, B, dev = model.config, cfg.block_size, committed.shape[0], committed.device
+    max_steps = cfg.max_steps
+    post_cap = cfg.max_post_steps if cfg.rule == "llada" else 0
+    use_res = cfg.residual and mcfg.pathway != "none"
+    where_canvas = mcfg.pathway_where == "canvas"
+    if mcfg.noise == "uniform":
+        canvas = rng.canvas(mcfg.vocab_size, (B, K), dev)
+    else:
+        canvas = torch.full((B, K), mask_id, dtype=torch.long, device=dev)
+    unresolved = torch.ones(B, K, dtype=torch.bool, device=dev)
+    steps = torch.zeros(B, dtype=torch.long, device=dev)
+    post = torch.zeros(B, dtype=torch.long, device=dev)
+    prev_arg = None
+    z = weight = None
+    # canvas pathways (DiffusionGemma) always mark the canvas: the post-norm applies even with z = 0
+    where = (torch.ones(B, K, dtype=torch.bool, device=dev) if where_canvas else unresolved.clone()) \
+        if (use_res or (where_canvas and mcfg.pathway != "none")) else None
+    for step in range(max_steps + post_cap):
+        if not active.any():
+            break
+        logits = _forward_canvas(model, cfg, committed, canvas, z, where, weight, cache, P)
+        temp = cfg.temperature
+        if cfg.rule == "dgemma":  # processed logits lg = raw / T(n), n = steps remaining (HF)
+            temp = S.dgemma_temperature(max_steps - step, max_steps, cfg.t_min, cfg.t_max)
+            lg, probs, tok, conf = S.dgemma_step(logits, temp, cfg.temperature == 0, rng.sample)  # conf: nats
+            ent = S.normalized_entropy(probs)
+        else:
+            lg = None
+            probs, tok, conf, ent = S.step_distribution(logits, temp, rng.sample)
+        rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
+        canvas, unresolved, take, finished, post, prev_arg = _rule_step(
+            cfg, step, active, canvas, unresolved, post, prev_arg, probs, tok, conf, ent, lg, rng, mcfg.vocab_size)
+        steps += active.long()
+        if trace:
+            records.append(StepRecord(b, step, rec_canvas, rec_unres, z, where, weight, ent,
+                                      take & active[:, None], active.clone(), logits if trace_logits else None))
+        active = active & ~finished
+        if use_res:  # residual of this step feeds the next one (3.7)
+            if cfg.rule == "dgemma":  # HF: from the processed (temperature-scaled) logits
+                pr = S.dgemma_selfcond_probs(lg, model.model.embed_tokens.weight.dtype)
+            else:
+                pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) else \
+                    torch.softmax(logits.float() / cfg.residual_temperature, -1)
+            z = model.soft_embed(pr)
+            where = torch.ones_like(unresolved) if where_canvas else unresolved.clone()
+            weight = S.normalized_entropy(pr) if mcfg.pathway == "rcd" else None
+    return canvas, steps
+
+
+def _rule_step(cfg: DecodeConfig, step: int, active, canvas, unresolved, post, prev_arg, probs, tok, conf, ent,
+               lg, rng, vocab_size: int):
+    """One step of the rule (docs/method.md 1.4) for the active rows. ``conf`` is the chosen
+    tokens' probability (B, K), or for "dgemma" the entropy in nats; ``ent`` the normalised
+    entropy; ``lg`` the processed logits ("dgemma"). Returns (canvas, unresolved, take: positions
+    resolved this step, finished (B,), post steps, argmax history)."""
+    B, K = canvas.shape
+    act = active[:, None]
+    finished = torch.zeros(B, dtype=torch.bool, device=canvas.device)
+    if cfg.rule in ("threshold", "topk", "entropy"):
+        quota = S.step_quota(K, cfg.max_steps, step)
+        if cfg.rule == "threshold":
+            take = S.select_threshold(conf, unresolved, cfg.threshold, quota)
+        elif cfg.rule == "topk":
+            take = S.select_topk(conf, unresolved, quota)
+        else:
+            take = S.select_entropy_bounded(ent, unresolved, cfg.entropy_bound)
+        take &= act
+        canvas = torch.where(take, tok, canvas)
+        unresolved = unresolved & ~take
+        finished = ~unresolved.any(-1)
+    elif cfg.rule == "llada":
+        had_masks = unresolved.any(-1)
+        take = S.llada_transfer(conf, unresolved, cfg.threshold) & act
+        edits, arg = S.llada_edits(probs, canvas, ~unresolved & act, cfg.edit_threshold)
+        canvas = torch.where(take, tok, torch.where(edits, arg, canvas))
+        unresolved = unresolved & ~take
+        post = post + (~had_masks & active).long()
+        finished = ~had_masks & (~edits.any(-1) | (post >= cfg.max_post_steps))
+        take = take | edits
+    else:  # dgemma: HF DiffusionGemma generate (docs/diffusiongemma-spec.md 9)
+        # Every position is re-judged each step: the lowest-entropy sampled tokens are
+        # accepted (entropy bound), all others re-noised uniformly; nothing stays fixed.
+        # A row stops when its argmax canvas is stable and confident, or at the last step,
+        # and commits the argmax canvas (not the sampled one). ``prev_arg`` holds the
+        # argmax history (s, B, K) of the stability test; rows already stopped are frozen.
+        ent_nats = conf
+        take = S.dgemma_accept(ent_nats, cfg.entropy_bound)
+        noise = rng.noise(vocab_size, (B, K), canvas.device)
+        arg = torch.where(act, lg.argmax(-1), canvas)
+        if prev_arg is None:
+            prev_arg = torch.full((cfg.stability_threshold, B, K), -1, dtype=torch.long, device=canvas.device)
+        stable, prev_arg = S.dgemma_stable(prev_arg, arg)
+        early = stable & (ent_nats.mean(-1) < cfg.confidence_threshold)
+        finished = early | (step + 1 >= cfg.max_steps)
+        stop = finished[:, None]
+        canvas = torch.where(act, torch.where(stop, arg, torch.where(take, tok, noise)), canvas)
+        unresolved = torch.where(act, ~take & ~stop, unresolved)  # re-noised positions
+        take = take | stop
+    return canvas, unresolved, take, finished, post, prev_arg

