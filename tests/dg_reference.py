@@ -35,6 +35,16 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 from transformers.models.gemma4 import Gemma4VisionConfig
 
+
+def cache_kw(fn) -> str:
+    """The cache argument's name: ``cache`` in transformers >= 5.24, ``past_key_values`` before."""
+    import inspect  # noqa: PLC0415
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+
+
+def _out_cache(out, cache):
+    return getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+
 # Smallest sensible text config. Two layer types alternate; the last layer must be full attention
 # (HF forces it). Sliding layers: head_dim 16, 2 KV heads, own v_proj. Full layers: global_head_dim
 # 32, 1 KV head, K=V (no v_proj), proportional RoPE rotating 0.25 of the dims.
@@ -181,8 +191,9 @@ def encode(hf_model, input_ids: torch.LongTensor, cache: DynamicCache | None = N
     """
     if cache is None:
         cache = DynamicCache(config=hf_model.config.get_text_config(decoder=True))
-    out = hf_model.model.encoder(input_ids=input_ids, cache=cache, position_ids=position_ids)
-    return out.cache, out.last_hidden_state
+    enc = hf_model.model.encoder
+    out = enc(input_ids=input_ids, **{cache_kw(enc.forward): cache}, position_ids=position_ids)
+    return _out_cache(out, cache), out.last_hidden_state
 
 
 @torch.no_grad()
@@ -230,7 +241,7 @@ def reference_decoder_logits(hf_model, prompt_ids: torch.LongTensor, canvas_ids:
     cache, _ = encode(hf_model, prompt_ids)
     if committed_ids is not None:
         cache, _ = encode(hf_model, committed_ids, cache)
-    out = hf_model(cache=cache, decoder_input_ids=canvas_ids,
+    out = hf_model(**{cache_kw(hf_model.forward): cache}, decoder_input_ids=canvas_ids,
                    self_conditioning_logits=self_conditioning_logits,
                    self_conditioning_mask=self_conditioning_mask)
     return out.logits
@@ -286,7 +297,7 @@ def reference_generate(hf_model, prompt_ids: torch.LongTensor, seed: int = 0,
                 canvas_in=kwargs["decoder_input_ids"].clone(),
                 sc_logits_in=None if sc is None else sc.clone(),
                 position_ids=kwargs["decoder_position_ids"].clone(),
-                cache_len=int(kwargs["cache"].get_seq_length()),
+                cache_len=int(kwargs.get("cache", kwargs.get("past_key_values")).get_seq_length()),
                 logits=out.logits.clone(),
             ))
             return out

@@ -25,17 +25,18 @@ def cli(argv: list[str]) -> int:
     if a.task:
         cfg.task_kwargs = {}
     apply_overrides(cfg, a.set)
-    _maybe_init_distributed()
+    _maybe_init_distributed(cfg.device)
     final = train_orl(cfg, resume=not a.no_resume, quiet=a.quiet)
     print(f"final model: {final}")
     return 0
 
 
-def _maybe_init_distributed() -> None:
-    """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPU."""
+def _maybe_init_distributed(device: str) -> None:
+    """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL when the run's device is a GPU,
+    gloo when it is the CPU (also on a machine that has GPUs: NCCL cannot reduce CPU tensors)."""
     import os  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if str(device).startswith("cuda") and torch.cuda.is_available() else "gloo")
