@@ -120,8 +120,6 @@ def test_refusals():
     model = _model()
     K = model.config.block_size
     rt = Runtime(model, K, mode="eager", max_len=32)
-    with pytest.raises(NotImplementedError, match="greedily"):
-        rt.decode(torch.tensor([[5, 6]]), DecodeConfig(block_size=K, temperature=1.0, max_new_tokens=K))
     with pytest.raises(NotImplementedError, match="SDAR rules"):
         rt.decode(torch.tensor([[5, 6]]), DecodeConfig(rule="entropy", block_size=K, max_new_tokens=K))
     with pytest.raises(ValueError, match="max_len"):

@@ -212,6 +212,7 @@ def _decode_block(model, cfg: DecodeConfig, b: int, committed, active, cache, P:
         rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
         canvas, unresolved, take, finished, post, prev_arg = _rule_step(
             cfg, step, active, canvas, unresolved, post, prev_arg, probs, tok, conf, ent, lg, rng, mcfg.vocab_size)
+        rng.advance(active)
         steps += active.long()
         if trace:
             records.append(StepRecord(b, step, rec_canvas, rec_unres, z, where, weight, ent,

@@ -13,19 +13,20 @@ import torch
 
 
 def _default_draw(probs: torch.Tensor) -> torch.Tensor:
-    return torch.multinomial(probs, 1).view(-1)
+    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
 
 
 def step_distribution(logits: torch.Tensor, temperature: float, draw=None):
     """From logits (B, K, V): probs (B, K, V) of the processed distribution, chosen tokens (B, K),
     their probability ``conf`` (B, K) and the normalised entropy (B, K) in [0, 1].
 
-    temperature 0 means greedy: tokens are the argmax of softmax(logits). ``draw`` (N, V) -> (N,):
-    one sample per row (an RNG object's ``sample``, `orl.decode.rng`; None: torch's default stream)."""
+    temperature 0 means greedy: tokens are the argmax of softmax(logits). ``draw`` (B, K, V) ->
+    (B, K): one sample per position (an RNG object's ``sample``, `orl.decode.rng`; None: torch's
+    default stream)."""
     lf = logits.float()
     probs = torch.softmax(lf / temperature if temperature > 0 else lf, dim=-1)
     if temperature > 0:
-        tokens = (draw or _default_draw)(probs.reshape(-1, probs.shape[-1])).view(probs.shape[:-1])
+        tokens = (draw or _default_draw)(probs)
     else:
         tokens = probs.argmax(-1)
     conf = probs.gather(-1, tokens[..., None]).squeeze(-1)
@@ -118,7 +119,7 @@ def dgemma_step(logits: torch.Tensor, temperature: torch.Tensor, greedy: bool = 
     if greedy:
         tokens = lg.argmax(-1)
     else:
-        tokens = (draw or _default_draw)(probs.view(-1, probs.shape[-1])).view(probs.shape[:-1])
+        tokens = (draw or _default_draw)(probs)
     return lg, probs, tokens, dgemma_entropy(lg)
 
 

@@ -170,16 +170,28 @@ def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backe
 
 
 class StaticKV:
-    """Per-layer K/V buffers (1, Hkv_l, max_len, hd_l), allocated once (shapes per layer type);
-    which slots are valid is the caller's business (a device-side length), never this object's."""
+    """Per-layer K/V buffers (B, Hkv_l, max_len, hd_l) for B rows, allocated once (shapes per layer
+    type); which slots are valid is the caller's business (a device-side length), never this object's."""
 
-    def __init__(self, cfg, max_len: int, dtype: torch.dtype, device):
-        shapes = [(1, cfg.layer_kv_heads(i), max_len, cfg.layer_head_dim(i)) for i in range(cfg.num_layers)]
+    def __init__(self, cfg, max_len: int, dtype: torch.dtype, device, batch: int = 1):
+        shapes = [(batch, cfg.layer_kv_heads(i), max_len, cfg.layer_head_dim(i)) for i in range(cfg.num_layers)]
         self.k = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
         self.v = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
         self.max_len = max_len
 
+    def rows(self, lo: int, hi: int) -> "StaticKV":
+        """A view of rows lo:hi (writes land in this cache)."""
+        view = object.__new__(StaticKV)
+        view.k, view.v, view.max_len = [k[lo:hi] for k in self.k], [v[lo:hi] for v in self.v], self.max_len
+        return view
+
+    def broadcast_prefix(self, n: int) -> None:
+        """Copy row 0's first ``n`` slots into every other row (a prompt shared by the batch, prefilled once)."""
+        for t in self.k + self.v:
+            t[1:, :, :n].copy_(t[:1, :, :n].expand(t.shape[0] - 1, -1, -1, -1))
+
     def bytes_per_slot(self) -> int:
+        """Bytes of one slot of one row."""
         return sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k in self.k)
 
 
@@ -194,7 +206,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float 
 
 
 def embed(w: Baked, tokens: torch.Tensor, residual=None, where=None, weight=None) -> torch.Tensor:
-    """`Transformer.embed`: c * E[tokens] mixed with the residual pathway. tokens (1, T) -> (1, T, D)."""
+    """`Transformer.embed`: c * E[tokens] mixed with the residual pathway. tokens (B, T) -> (B, T, D)."""
     e = F.embedding(tokens, w.embed)
     if w.cfg.embed_scale != 1.0:
         e = e * torch.tensor(w.cfg.embed_scale, dtype=torch.float32).to(e.dtype)
@@ -202,7 +214,7 @@ def embed(w: Baked, tokens: torch.Tensor, residual=None, where=None, weight=None
 
 
 def soft_embed(w: Baked, probs: torch.Tensor) -> torch.Tensor:
-    """`Transformer.soft_embed`: z = c * probs @ E, probs (1, K, V) -> (1, K, D)."""
+    """`Transformer.soft_embed`: z = c * probs @ E, probs (B, K, V) -> (B, K, D)."""
     z = probs.to(w.embed.dtype) @ w.embed
     if w.cfg.embed_scale != 1.0:
         z = z * torch.tensor(w.cfg.embed_scale, dtype=torch.float32).to(z.dtype)
@@ -230,14 +242,15 @@ def attention_bias(start: torch.Tensor, lim: torch.Tensor, S: int, groups: int, 
 
 def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, canvas_rows=None,
           moe_backend: str = "torch", route_out: list | None = None, reduce=None):
-    """One decoder layer over T new tokens (module docstring). x (1, T, D); cos/sin (1, T, hd); pos
-    (T,) absolute slots written; k_cache/v_cache (1, Hkv, max_len, hd) updated in place; bias from
-    `attention_biases` (its last dim is S, the slots attended); canvas_rows (1, T, 1) bool: rows
-    in canvas (decoder) mode, read only by layer scalars. Mirrors `orl.model.layers.DecoderLayer`.
+    """One decoder layer over T new tokens of B rows (module docstring). x (B, T, D); cos/sin (1, T,
+    hd); pos (T,) absolute slots written (the same for every row); k_cache/v_cache (B, Hkv, max_len,
+    hd) updated in place; bias from `attention_biases` (its last dim is S, the slots attended; one
+    mask for every row); canvas_rows (B, T, 1) or (1, T, 1) bool: rows in canvas (decoder) mode,
+    read only by layer scalars. Mirrors `orl.model.layers.DecoderLayer`.
     ``route_out`` (eager only): a MoE layer appends its router's expert ids (T, k) to it (for
     `Baked.weight_bytes`). ``reduce`` (tensor parallel, `orl.engine.tp`): sums the row-parallel
     o / down outputs over ranks."""
-    T = x.shape[1]
+    B, T = x.shape[0], x.shape[1]
     H, Hkv, hd = cfg.num_heads, k_cache.shape[1], k_cache.shape[3]
     eps, off = cfg.rms_eps, cfg.norm_offset
     h = rms_norm(x, lw.ln1, eps, off)
@@ -247,7 +260,7 @@ def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, canva
         v = k
     else:
         q, k, v = proj.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
-    q, k, v = q.view(1, T, H, hd), k.view(1, T, Hkv, hd), v.view(1, T, Hkv, hd)
+    q, k, v = q.view(B, T, H, hd), k.view(B, T, Hkv, hd), v.view(B, T, Hkv, hd)
     if lw.q_norm is not None:
         q, k = rms_norm(q, lw.q_norm, eps, off), rms_norm(k, lw.k_norm, eps, off)
     if cfg.v_norm:
@@ -258,10 +271,10 @@ def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, canva
     v_cache.index_copy_(2, pos, v)
     S, G = bias.shape[-1], H // Hkv
     # GQA without expanding K/V: the G query heads of a KV head become G*T rows of one head
-    qg = q.reshape(1, Hkv, G * T, hd)
+    qg = q.reshape(B, Hkv, G * T, hd)
     scale = cfg.attn_scale if cfg.attn_scale is not None else hd ** -0.5
     out = F.scaled_dot_product_attention(qg, k_cache[:, :, :S], v_cache[:, :, :S], attn_mask=bias, scale=scale)
-    out = out.reshape(1, H, T, hd).transpose(1, 2).reshape(1, T, H * hd)
+    out = out.reshape(B, H, T, hd).transpose(1, 2).reshape(B, T, H * hd)
     y = F.linear(out, lw.o)
     if reduce is not None:
         y = reduce(y)
@@ -298,18 +311,21 @@ def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, canva
 def forward(w: Baked, h: torch.Tensor, start: torch.Tensor, lim: torch.Tensor, kv: StaticKV, S: int,
             logits_from: int | None = 0, layer_fn=layer, route_out: list | None = None, kernels=None,
             canvas_rows: torch.Tensor | None = None, anc: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Run the layers over input embeddings h (1, T, D) placed at slots start .. start + T - 1.
+    """Run the layers over input embeddings h (B, T, D) placed at slots start .. start + T - 1 of
+    every row (B = the cache's rows; all rows share ``start``, ``lim`` and the mask).
 
     start (1,) int64 device tensor; lim (T,) int64 (see module docstring); S static number of cache
     slots attended (>= start + max(lim)). Writes the T keys/values into ``kv``. Returns logits
     (1, T - logits_from, V) of rows ``logits_from:`` (softcapped float32 where the config caps;
-    None: no LM head, e.g. a commit pass). ``canvas_rows`` (1, T) bool: canvas (decoder) rows, for
+    None: no LM head, e.g. a commit pass). ``canvas_rows`` (B, T) or (1, T) bool: canvas (decoder) rows, for
     layer scalars (None: all committed); ``anc`` (T,) int64: sliding-window anchors (needed only by
     sliding layers). ``layer_fn`` is `layer` or a compiled version of it. ``route_out``: see
     `layer` (eager only). ``kernels``: an `orl.kernels.layers.TritonKernels` runs the whole pass
     instead (opt-in fast twin, dense layers).
     """
     if kernels is not None:
+        if h.shape[0] != 1:
+            raise NotImplementedError("the Triton layer kernels run one row (batch 1); use kernels='torch' for batches")
         return kernels.forward(h, start, lim, kv, S, logits_from)
     cfg = w.cfg
     T = h.shape[1]

@@ -82,6 +82,9 @@ def teacher_forced(rt, model, prompt, cfg: DecodeConfig) -> Parity:
             rt.canvas.copy_(r.canvas)
             rt.rule.unresolved.copy_(r.unresolved)
             rt.step.fill_(r.step)
+            rt.rnd.fill_(r.step)
+            rt.flag.fill_(True)
+            rt.rule.active.fill_(True)
             z = where = weight = None
             if use_res:
                 where = r.residual_where.to(rt.device)

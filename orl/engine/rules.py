@@ -38,38 +38,45 @@ def _buf(dev, *shape, dtype=torch.long):
 
 class MaskRule:
     """SDAR "threshold" / "topk" and LLaDA "llada" on a mask-diffusion model (module docstring):
-    the same operations as `orl.decode.block.decode` for those rules, greedy, batch 1."""
+    the same operations as `orl.decode.block.decode` for those rules, for B rows, greedy or sampled
+    (temperature; the sample is the inverse CDF of one counter-RNG uniform per position, as
+    `orl.decode.rng.CounterRNG.sample` draws it)."""
 
     rules = ("threshold", "topk", "llada")
 
     def __init__(self, rt):
-        dev, K = rt.device, rt.K
-        self.unresolved = _buf(dev, 1, K, dtype=torch.bool)
-        self.active, self.post = _buf(dev, 1, dtype=torch.bool), _buf(dev, 1)  # llada: still denoising; post steps
-        self.threshold = _buf(dev, 1, dtype=torch.float32)
+        dev, K, B = rt.device, rt.K, rt.B
+        self.unresolved = _buf(dev, B, K, dtype=torch.bool)
+        self.active, self.post = _buf(dev, B, dtype=torch.bool), _buf(dev, B)  # still denoising; llada post steps
+        self.threshold, self.temperature = _buf(dev, 1, dtype=torch.float32), _buf(dev, 1, dtype=torch.float32)
         self.quota_base, self.quota_rem, self.max_steps, self.mask_id = (_buf(dev, 1) for _ in range(4))
         self.edit_threshold, self.post_cap = _buf(dev, 1, dtype=torch.float32), _buf(dev, 1)
-        self.key = None  # (rule, residual, residual temperature) of the request
+        self.seed, self.counter = _buf(dev, B), _buf(dev, B)  # counter RNG (sampling): per row
+        self.key = None  # (rule, residual, residual temperature, sampled, residual from the step's probs)
         # committed block rows see their whole block ("block") or the slots up to themselves ("causal")
         self.block_causal = rt.mcfg.clean_attention != "block"
 
-    def set_request(self, rt, cfg, mask_id: int | None = None, seed: int = 0) -> tuple:
+    def set_request(self, rt, cfg, mask_id: int | None = None, seeds=(0,)) -> tuple:
         if cfg.rule not in self.rules:
             raise NotImplementedError(f"the engine runs the SDAR rules 'threshold' and 'topk' and LLaDA's 'llada', "
                                       f"not {cfg.rule!r}; use orl.decode.decode for the others")
-        if cfg.temperature != 0:
-            raise NotImplementedError("the engine decodes mask-diffusion models greedily (temperature 0); "
-                                      "sampled decoding runs in orl.decode.decode")
+        if cfg.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {cfg.temperature}")
         mask_id = rt.mcfg.mask_token_id if mask_id is None else mask_id
         base, rem = divmod(rt.K, cfg.max_steps)
         post = cfg.max_post_steps if cfg.rule == "llada" else 0
         # max_steps holds the cap on rounds per block: llada adds its editing-only post steps
         for buf, v in ((self.threshold, cfg.threshold), (self.quota_base, base), (self.quota_rem, rem),
                        (self.max_steps, cfg.max_steps + post), (self.mask_id, mask_id),
-                       (self.edit_threshold, cfg.edit_threshold), (self.post_cap, post)):
+                       (self.edit_threshold, cfg.edit_threshold), (self.post_cap, post),
+                       (self.temperature, cfg.temperature if cfg.temperature > 0 else 1.0), (self.counter, 0)):
             buf.fill_(v)
+        self.seed.copy_(torch.tensor(seeds, dtype=torch.long))
         use_res = cfg.residual and rt.mcfg.pathway != "none"
-        self.key = (cfg.rule, use_res, cfg.residual_temperature if use_res else 1.0)
+        rtemp = cfg.residual_temperature if use_res else 1.0
+        # `orl.decode.block`: the residual reads the step's probabilities when neither temperature rescales them
+        same = rtemp == 1.0 and cfg.temperature in (0.0, 1.0)
+        self.key = (cfg.rule, use_res, rtemp, cfg.temperature > 0, same)
         return self.key
 
     @property
@@ -77,15 +84,18 @@ class MaskRule:
         return self.key[1]
 
     def saved(self) -> list:
-        return []
+        """Buffers a capture's warm-up must leave as they were (it must not consume random numbers)."""
+        return [self.counter]
 
     def begin(self, rt) -> None:
-        """A fresh canvas of mask tokens; the residual of the first round is zero."""
-        rt.canvas.copy_(self.mask_id.expand(1, rt.K))
+        """A fresh canvas of mask tokens for every row; rows already done stay idle. The residual of
+        the first round is zero."""
+        rt.canvas.copy_(self.mask_id.expand(rt.B, rt.K))
         self.unresolved.fill_(True)
         rt.step.zero_()
-        self.active.fill_(True)
+        self.active.copy_(~rt.done)
         self.post.zero_()
+        rt.flag.copy_(self.active.any().view(1))
         if self.use_residual:
             rt.z.zero_()
             rt.weight.zero_()
@@ -99,19 +109,37 @@ class MaskRule:
             return None, rt.where, None
         return rt.z, rt.where, rt.weight if rt.mcfg.pathway == "rcd" else None
 
-    def decide(self, rt, logits: torch.Tensor) -> None:
-        """One round's decision from logits (1, K, V): commit tokens, feed the residual, set the flag."""
-        rule, use_res, rtemp = self.key
+    def distribution(self, logits: torch.Tensor):
+        """(probs (B, K, V), tokens (B, K), conf (B, K), float logits) of one round: the argmax, or a
+        sample at the request's temperature (`orl.decode.samplers.step_distribution`'s numbers)."""
+        _, _, _, sampled, _ = self.key
         lf = logits.float()
-        probs = torch.softmax(lf, dim=-1)
-        tok = probs.argmax(-1)
-        conf = probs.gather(-1, tok[..., None]).squeeze(-1)
-        if rule == "llada":
-            self._llada(rt, probs, tok, conf)
+        if not sampled:
+            probs = torch.softmax(lf, dim=-1)
+            tok = probs.argmax(-1)
         else:
-            self._sdar(rt, rule, tok, conf)
+            probs = torch.softmax(lf / self.temperature, dim=-1)
+            u = uniform(self.seed, self.counter, STREAM_SAMPLE, probs.shape[1]).view(probs.shape[:-1])
+            tok = sample_inverse_cdf(probs, u)
+        conf = probs.gather(-1, tok[..., None]).squeeze(-1)
+        return probs, tok, conf, lf
+
+    def decide(self, rt, logits: torch.Tensor) -> None:
+        """One round's decision from logits (B, K, V): commit tokens, feed the residual, set the flag."""
+        rule, use_res, rtemp, _, same = self.key
+        self.active.logical_and_(rt.flag)  # once the flag is down a round changes nothing (graph warm-ups)
+        # the rows that take this step (the reference decoder's ``active``): an SDAR row stops once resolved
+        stepping = self.active if rule == "llada" else self.active & self.unresolved.any(-1)
+        stepping = stepping.clone()
+        probs, tok, conf, lf = self.distribution(logits)
+        self.last = (probs, tok, stepping)  # what the round chose (capture reads it right after)
+        if rule == "llada":
+            self.last_take = self._llada(rt, probs, tok, conf)
+        else:
+            self.last_take = self._sdar(rt, rule, tok, conf)
+        self.counter.add_(stepping.long())  # `CounterRNG.advance(active)`
         if use_res:
-            pr = probs if rtemp == 1.0 else torch.softmax(lf / rtemp, -1)
+            pr = probs if same else torch.softmax(lf / rtemp, -1)
             rt.z.copy_(F_.soft_embed(rt.w, pr))
             if rt.mcfg.pathway_where == "canvas":
                 rt.where.fill_(True)
@@ -119,14 +147,14 @@ class MaskRule:
                 rt.where.copy_(self.unresolved)
             if rt.mcfg.pathway == "rcd":
                 rt.weight.copy_(Smp.normalized_entropy(pr))
-        go = self.active if rule == "llada" else self.unresolved.any(-1)
-        torch.logical_and(go, rt.step < self.max_steps, out=rt.flag)
+        go_rows = self.active if rule == "llada" else self.unresolved.any(-1) & self.active
+        rt.flag.copy_(go_rows.any().view(1) & (rt.rnd + 1 < self.max_steps))
 
-    def _llada(self, rt, probs, tok, conf) -> None:
+    def _llada(self, rt, probs, tok, conf) -> torch.Tensor:
         """LLaDA-2.1 (`orl.decode.block.decode`, rule "llada"): commit masks above the threshold
         (else the single best), edit committed tokens whose argmax differs with probability above
         the edit threshold; after the last mask, editing-only post steps until a round edits
-        nothing or ``max_post_steps`` of them ran."""
+        nothing or ``max_post_steps`` of them ran. Returns the positions resolved or edited."""
         act = self.active[:, None]
         had_masks = self.unresolved.any(-1)
         take = Smp.llada_transfer(conf, self.unresolved, self.threshold) & act
@@ -137,36 +165,41 @@ class MaskRule:
         finished = ~had_masks & (~edits.any(-1) | (self.post >= self.post_cap))
         rt.step.add_(self.active.long())
         self.active.logical_and_(~finished)
+        return take | edits
 
-    def _sdar(self, rt, rule, tok, conf) -> None:
-        quota = (self.quota_base + (rt.step < self.quota_rem).long()).clamp_min(1)  # step_quota on device
+    def _sdar(self, rt, rule, tok, conf) -> torch.Tensor:
+        # step_quota on device; every active row is at round rnd of the block
+        quota = (self.quota_base + (rt.rnd < self.quota_rem).long()).clamp_min(1)
         if rule == "threshold":
             take = Smp.select_threshold(conf, self.unresolved, self.threshold, quota)
         else:
             take = Smp.select_topk(conf, self.unresolved, quota)
-        active = self.unresolved.any(-1, keepdim=True)
+        active = self.unresolved.any(-1, keepdim=True) & self.active[:, None]
         take = take & active
         rt.canvas.copy_(torch.where(take, tok, rt.canvas))
         self.unresolved.logical_and_(~take)
-        rt.step.add_(active.view(1).long())
+        rt.step.add_(active.view(-1).long())
+        return take
 
 
 class CanvasRule:
-    """DiffusionGemma's rule "dgemma" on a uniform-state model (module docstring). ``sampler``: the
-    round's per-position work over the logits -- "torch" (`canvas_round`, the reference), "triton"
-    (`canvas_round_fused`: one fused kernel, equal up to float rounding; CUDA, or CPU under
-    ``TRITON_INTERPRET=1``), "auto": "triton" on CUDA when Triton imports, else "torch". A round
-    is a no-op once the flag is down, so an extra round (graph warm-up) changes nothing."""
+    """DiffusionGemma's rule "dgemma" on a uniform-state model (module docstring), for B rows, each
+    with its own seed. ``sampler``: the round's per-position work over the logits -- "torch"
+    (`canvas_round`, the reference), "triton" (`canvas_round_fused`: one fused kernel, equal up to
+    float rounding; CUDA, or CPU under ``TRITON_INTERPRET=1``), "auto": "triton" on CUDA when Triton
+    imports, else "torch". A round is a no-op once the flag is down, so an extra round (graph
+    warm-up) changes nothing."""
 
     rules = ("dgemma",)
     block_causal = True  # committed text is encoded causally (DiffusionGemma's encoder)
 
     def __init__(self, rt, sampler: str = "auto"):
-        dev = rt.device
+        dev, B = rt.device, rt.B
         self.sampler = self._pick_sampler(sampler, dev)
         self.hists: dict[int, torch.Tensor] = {}
         self.hist = None
-        self.max_steps, self.seed, self.counter = (_buf(dev, 1) for _ in range(3))
+        self.max_steps = _buf(dev, 1)
+        self.seed, self.counter, self.active = _buf(dev, B), _buf(dev, B), _buf(dev, B, dtype=torch.bool)
         self.t_min, self.t_span, self.bound, self.conf = (_buf(dev, 1, dtype=torch.float32) for _ in range(4))
         self.key = None
 
@@ -183,19 +216,18 @@ class CanvasRule:
                              "interpreter); use sampler='torch'")
         return sampler
 
-    def set_request(self, rt, cfg, mask_id: int | None = None, seed: int = 0) -> tuple:
+    def set_request(self, rt, cfg, mask_id: int | None = None, seeds=(0,)) -> tuple:
         """One request's numbers into the device buffers (no recapture); the RNG counter restarts."""
         if cfg.rule not in self.rules:
             raise NotImplementedError(f"a DiffusionGemma model decodes with rule 'dgemma', not {cfg.rule!r}")
-        if not 0 <= seed < 1 << 62:
-            raise ValueError(f"seed must be in [0, 2^62), got {seed}")
-        for buf, v in ((self.max_steps, cfg.max_steps), (self.seed, seed), (self.counter, 0), (self.t_min, cfg.t_min),
+        for buf, v in ((self.max_steps, cfg.max_steps), (self.counter, 0), (self.t_min, cfg.t_min),
                        (self.t_span, cfg.t_max - cfg.t_min), (self.bound, cfg.entropy_bound),
                        (self.conf, cfg.confidence_threshold)):
             buf.fill_(v)
+        self.seed.copy_(torch.tensor(seeds, dtype=torch.long))
         s = cfg.stability_threshold
         if s not in self.hists:  # one buffer per window length, kept for the graphs that use it
-            self.hists[s] = torch.full((s, 1, rt.K), -1, dtype=torch.long, device=rt.device)
+            self.hists[s] = torch.full((s, rt.B, rt.K), -1, dtype=torch.long, device=rt.device)
         self.hist = self.hists[s]
         use_res = cfg.residual and rt.mcfg.pathway != "none"
         self.key = ("dgemma", use_res, cfg.temperature == 0, s)
@@ -210,13 +242,14 @@ class CanvasRule:
         return [self.counter]
 
     def begin(self, rt) -> None:
-        """A fresh random canvas from the counter RNG; no self-conditioning yet (z = 0)."""
-        K = rt.K
-        rt.canvas.copy_(randint(self.seed, self.counter, STREAM_CANVAS, K, rt.mcfg.vocab_size).view(1, K))
+        """A fresh random canvas per row from the counter RNG; no self-conditioning yet (z = 0)."""
+        B, K = rt.B, rt.K
+        rt.canvas.copy_(randint(self.seed, self.counter, STREAM_CANVAS, K, rt.mcfg.vocab_size).view(B, K))
         self.counter.add_(1)
         self.hist.fill_(-1)
         rt.step.zero_()
-        rt.flag.fill_(True)
+        self.active.copy_(~rt.done)
+        rt.flag.copy_(self.active.any().view(1))
         rt.z.zero_()
 
     def canvas_inputs(self, rt, first: bool):
@@ -224,10 +257,11 @@ class CanvasRule:
         return (None if first or not self.use_residual else rt.z), rt.where, None
 
     def decide(self, rt, logits: torch.Tensor) -> None:
-        """One round's decision (gated by the flag: a no-op on a finished canvas)."""
+        """One round's decision (gated per row: a no-op on finished rows and, once the flag is down,
+        on all). Every active row is at round ``rt.rnd`` of its canvas."""
         _, use_res, greedy, _ = self.key
-        act = rt.flag.clone()
-        args = (logits, self.hist, rt.step, self.max_steps, self.t_min, self.t_span, self.bound, self.conf,
+        act = self.active & rt.flag
+        args = (logits, self.hist, rt.rnd, self.max_steps, self.t_min, self.t_span, self.bound, self.conf,
                 self.seed, self.counter, greedy)
         if self.sampler == "triton":  # the probabilities come out in the embedding's dtype, as soft_embed casts
             probs, canvas, hist, finished = canvas_round_fused(
@@ -240,7 +274,8 @@ class CanvasRule:
             self.hist.copy_(torch.where(act[None, :, None], hist, self.hist))
         rt.step.add_(act.long())
         self.counter.add_(act.long())
-        rt.flag.copy_(act & ~finished)
+        self.active.copy_(act & ~finished)
+        rt.flag.copy_(self.active.any().view(1))
         if use_res:  # HF: z from the processed (temperature-scaled) logits, cast to the embedding dtype
             rt.z.copy_(F_.soft_embed(rt.w, probs))
 
@@ -254,19 +289,20 @@ def temperature(step: torch.Tensor, max_steps: torch.Tensor, t_min: torch.Tensor
 
 
 def canvas_round(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed, counter, greedy: bool):
-    """One DiffusionGemma step from raw logits (1, K, V) (`orl.decode.block.decode`, rule "dgemma").
+    """One DiffusionGemma step from raw logits (B, K, V) (`orl.decode.block.decode`, rule "dgemma").
 
-    hist (s, 1, K) argmax history (-1 at a canvas start); step, max_steps, seed, counter (1,) int64;
-    t_min, t_span, bound (nats), conf (nats) (1,) float32. Returns (processed logits lg (1, K, V)
-    float32, the next canvas (1, K), the next history, finished (1,) bool). Draws use ``counter``;
-    the caller advances it. The reference of `canvas_round_fused`."""
-    K, V = logits.shape[1], logits.shape[2]
+    hist (s, B, K) argmax history (-1 at a canvas start); step (the round of the canvas), max_steps,
+    counter (1,) int64; seed (B,) int64, one per row; t_min, t_span, bound (nats), conf (nats) (1,)
+    float32. Returns (processed logits lg (B, K, V) float32, the next canvas (B, K), the next
+    history, finished (B,) bool). Draws use ``counter``; the caller advances it. The reference of
+    `canvas_round_fused`."""
+    B, K, V = logits.shape
     lg = logits.float() / temperature(step, max_steps, t_min, t_span)
     arg = lg.argmax(-1)
     if greedy:
         tok = arg
     else:
-        tok = sample_inverse_cdf(torch.softmax(lg, dim=-1), uniform(seed, counter, STREAM_SAMPLE, K).view(1, K))
+        tok = sample_inverse_cdf(torch.softmax(lg, dim=-1), uniform(seed, counter, STREAM_SAMPLE, K).view(B, K))
     ent = Smp.dgemma_entropy(lg)
     return (lg, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V))
 
@@ -282,8 +318,8 @@ def canvas_round_fused(logits, hist, step, max_steps, t_min, t_span, bound, conf
     acceptance or the stop can differ only at a rounding boundary). Needs CUDA tensors or
     ``TRITON_INTERPRET=1`` (float32)."""
     from ..kernels import canvas as DK  # noqa: PLC0415 - Triton is imported on first use only
-    K, V = logits.shape[1], logits.shape[2]
-    u = None if greedy else uniform(seed, counter, STREAM_SAMPLE, K).view(1, K)
+    B, K, V = logits.shape
+    u = None if greedy else uniform(seed, counter, STREAM_SAMPLE, K).view(B, K)
     arg, tok, ent, probs = DK.round_rows(logits, temperature(step, max_steps, t_min, t_span), u, probs_dtype,
                                          round_dtype)
     return (probs, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V))
@@ -292,9 +328,9 @@ def canvas_round_fused(logits, hist, step, max_steps, t_min, t_span, bound, conf
 def _round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V: int):
     """A round's decisions from the per-position argmax, token and entropy (1, K): entropy-bound
     acceptance, re-noising of the others, the stability + confidence stop."""
-    K = arg.shape[1]
+    B, K = arg.shape
     take = Smp.dgemma_accept(ent, bound)
-    noise = randint(seed, counter, STREAM_NOISE, K, V).view(1, K)
+    noise = randint(seed, counter, STREAM_NOISE, K, V).view(B, K)
     stable, new_hist = Smp.dgemma_stable(hist, arg)
     finished = (stable & (ent.mean(-1) < conf)) | (step + 1 >= max_steps)
     canvas = torch.where(finished[:, None], arg, torch.where(take, tok, noise))

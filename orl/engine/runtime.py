@@ -41,6 +41,7 @@ from ..decode.block import DecodeOutput
 from ..decode.config import DecodeConfig
 from . import forward as F_
 from .graphs import WhileLoop, capture, conditional_nodes_available
+from ..decode.rng import row_seeds
 from .rules import CanvasRule, MaskRule
 
 MODES = ("auto", "eager", "graph", "while")
@@ -86,11 +87,14 @@ class Runtime:
     (MoE-heavy DiffusionGemma) models, where compiling 30 MoE layers is left to callers."""
 
     def __init__(self, model, block_size: int | None = None, config: EngineConfig | None = None, *,
-                 sampler: str = "auto", **overrides):
+                 batch: int = 1, sampler: str = "auto", **overrides):
         self.config = dataclasses.replace(config or EngineConfig(), **overrides)
         ec = self.config
         self.mcfg = mcfg = model.config
         self.K = K = block_size or mcfg.block_size
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.B = B = batch
         self.uniform = mcfg.noise == "uniform"
         if self.uniform and ec.kernels != "torch":
             raise NotImplementedError("the Triton layer kernels (EngineConfig.kernels='triton') cover dense and MoE "
@@ -101,9 +105,11 @@ class Runtime:
             from .tp import shard  # noqa: PLC0415
             self.w = shard(self.w)
         self.device = dev = self.w.embed.device
-        self.kv = F_.StaticKV(self.w.cfg, ec.max_len, self.w.dtype, dev)  # local KV heads under tp
+        self.kv = F_.StaticKV(self.w.cfg, ec.max_len, self.w.dtype, dev, batch=B)  # local KV heads under tp
         self.mode = self._pick_mode(ec.mode)
         self._layer, self._kernels = F_.layer, None
+        if ec.kernels == "triton" and B > 1:
+            raise NotImplementedError("the Triton layer kernels run batch 1; use kernels='torch' for batch > 1")
         if ec.kernels == "triton":  # the whole layer stack runs as Triton kernels: nothing to compile
             from ..kernels.layers import TritonKernels  # noqa: PLC0415 - optional dependency
             self._kernels = TritonKernels(self.w)
@@ -112,12 +118,15 @@ class Runtime:
         D = mcfg.hidden_size
         z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
         # ---- static state, allocated once (graphs read and write only these) ----
-        self.cache_len = z(1)                    # committed slots in the KV cache
-        self.canvas, self.prev = z(1, K), z(1, K)  # current canvas; previous block (pending commit)
-        self.z, self.where = z(1, K, D, dt=self.w.dtype), z(1, K, dt=torch.bool)
-        self.weight = z(1, K, dt=torch.float32)  # rcd interpolation weight
-        self.step, self.flag = z(1), z(1, dt=torch.bool)
-        self.out = z(K + 1)                      # block tokens, then the rounds used
+        self.cache_len = z(1)                    # committed slots in the KV cache (every row: same length)
+        self.canvas, self.prev = z(B, K), z(B, K)  # current canvas; previous block (pending commit)
+        self.z, self.where = z(B, K, D, dt=self.w.dtype), z(B, K, dt=torch.bool)
+        self.weight = z(B, K, dt=torch.float32)  # rcd interpolation weight
+        self.step = z(B)                         # rounds each row took in this block
+        self.rnd = z(1)                          # rounds run in this block (every active row's step)
+        self.flag = z(1, dt=torch.bool)          # "go on?": some row still denoising
+        self.done = z(B, dt=torch.bool)          # rows that ended (EOS) in an earlier block: idle
+        self.out = z(B, K + 1)                   # per row: block tokens, then the rounds used
         self.rule = CanvasRule(self, sampler) if self.uniform else MaskRule(self)
         if self.uniform:
             self.where.fill_(True)               # every canvas position is a decoder row (pathway_where="canvas")
@@ -127,7 +136,7 @@ class Runtime:
         self.lim_canvas = torch.full((K,), K, device=dev)
         self.lim_block = blk.to(dev)
         self.lim_fold = torch.cat([blk, torch.full((K,), 2 * K)]).to(dev)
-        self.no_canvas = z(1, K, dt=torch.bool)
+        self.no_canvas = z(B, K, dt=torch.bool)
         self.length, self.pending = 0, False     # host mirrors of cache_len and "prev not committed"
         self._key_extra = None                   # the request's rule key (part of every graph key)
         self.request_seed = 0
@@ -135,7 +144,7 @@ class Runtime:
         self._loop = None
         self._cap_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
-        self._out_host = torch.zeros(K + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self._out_host = torch.zeros(B, K + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
 
     @property
     def sampler(self) -> str | None:
@@ -154,17 +163,20 @@ class Runtime:
                 raise RuntimeError(f"mode 'while' unavailable: {why}; use mode='graph'")
         return mode
 
-    def set_request(self, cfg: DecodeConfig, mask_id: int | None = None, seed: int | None = None) -> None:
+    def set_request(self, cfg: DecodeConfig, mask_id: int | None = None, seed=None) -> None:
         """Copy one request's decoding numbers into the device buffers (no recapture needed).
-        ``seed`` (uniform-state models): the counter RNG's; None: ``self.request_seed``."""
+        ``seed``: the counter RNG's (`orl.decode.rng.row_seeds`: an int, or one per row; read when
+        sampling and by uniform-state models); None: ``self.request_seed``."""
         if cfg.block_size != self.K:
             raise ValueError(f"DecodeConfig.block_size {cfg.block_size} != the runtime's block size (canvas length) {self.K}")
-        self._key_extra = self.rule.set_request(self, cfg, mask_id, self.request_seed if seed is None else seed)
+        seeds = row_seeds(self.request_seed if seed is None else seed, self.B)
+        self._key_extra = self.rule.set_request(self, cfg, mask_id, seeds)
+        self.done.zero_()
 
     # ------------------------------------------------------------ block pieces
     # These run eagerly or are captured; they touch only static buffers (docs/STYLE.md 10).
     def _embed_forward(self, tokens, lim, S, residual=None, where=None, weight=None, logits_from=0, rows=None):
-        """Forward of ``tokens`` (1, T) at the cache end. ``rows`` (1, T) bool marks canvas (decoder)
+        """Forward of ``tokens`` (B, T) at the cache end. ``rows`` (B, T) bool marks canvas (decoder)
         rows -- layer scalars, the sliding window anchored at the canvas start (their ``lim`` minus
         K) -- the others are committed text (causal anchors)."""
         h = F_.embed(self.w, tokens, residual, where, weight)
@@ -178,6 +190,7 @@ class Runtime:
         """Fresh canvas and the first round (no residual yet); with ``fold`` the previous block is
         committed in the same forward and the cache length advances by K."""
         K = self.K
+        self.rnd.zero_()
         self.rule.begin(self)
         residual, where, weight = self.rule.canvas_inputs(self, first=True)
         rows = self.where if self.uniform else None
@@ -192,12 +205,16 @@ class Runtime:
         else:
             logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight, rows=rows)
         self.rule.decide(self, logits)
+        self.rnd.add_(1)
 
     def _round(self, S: int) -> None:
+        """One more round; a no-op once the flag is down (a graph warm-up, or an extra replay)."""
+        go = self.flag.clone()
         residual, where, weight = self.rule.canvas_inputs(self, first=False)
         logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight,
                                      rows=self.where if self.uniform else None)
         self.rule.decide(self, logits)
+        self.rnd.add_(go.long())
 
     def _end(self, S: int) -> None:
         """With ``fold_commit`` the finished block waits in ``prev`` for the next block's start;
@@ -207,8 +224,8 @@ class Runtime:
         else:  # the cache-commit pass: the finished block as clean text
             self._embed_forward(self.canvas, self.lim_block, S, logits_from=None)
             self.cache_len.add_(self.K)
-        self.out[:self.K].copy_(self.canvas[0])
-        self.out[self.K:].copy_(self.step)
+        self.out[:, :self.K].copy_(self.canvas)
+        self.out[:, self.K].copy_(self.step)
 
     # ------------------------------------------------------------------ graphs
     def _graph(self, kind: str, fold: bool, S: int):
@@ -261,31 +278,39 @@ class Runtime:
     # --------------------------------------------------------------- public API
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor) -> None:
-        """Reset the runtime to ``prompt`` (P,) or (1, P) int64: its keys/values fill the cache."""
-        prompt = prompt.view(1, -1).to(self.device)
+        """Reset the runtime to ``prompt``: (P,) or (1, P) int64 for one prompt shared by every row
+        (prefilled once, its keys/values copied to the other rows), or (B, P) for B prompts of equal
+        length (one batched prefill)."""
+        prompt = prompt.reshape(-1, prompt.shape[-1]).to(self.device)
+        if prompt.shape[0] not in (1, self.B):
+            raise ValueError(f"prompt has {prompt.shape[0]} rows; the runtime has {self.B} (pass 1 or {self.B})")
+        shared = prompt.shape[0] == 1 or bool((prompt == prompt[:1]).all())
         P = prompt.shape[1]
         self._slots(P + self.K)
         self.cache_len.zero_()
-        self._prefill_forward(prompt)  # eager
+        self._prefill_forward(prompt[:1] if shared else prompt, self.kv.rows(0, 1) if shared else self.kv)  # eager
+        if shared and self.B > 1:
+            self.kv.broadcast_prefix(P)
         self.cache_len.fill_(P)
         self.length, self.pending = P, False
 
-    def _prefill_forward(self, prompt: torch.Tensor) -> None:
-        """The prompt's keys/values into the cache from slot 0 (prompt tokens: one block each =
+    def _prefill_forward(self, prompt: torch.Tensor, kv) -> None:
+        """The prompt's keys/values into ``kv`` from slot 0 (prompt tokens: one block each =
         causal; DiffusionGemma's encoder mode)."""
         P = prompt.shape[1]
         lim = torch.arange(1, P + 1, device=self.device)
         rows = torch.zeros(1, P, dtype=torch.bool, device=self.device) if self.uniform else None
         anc = lim - 1 if "sliding" in self.mcfg.layer_types else None
-        F_.forward(self.w, F_.embed(self.w, prompt), self.cache_len, lim, self.kv, P, logits_from=None,
+        F_.forward(self.w, F_.embed(self.w, prompt), self.cache_len, lim, kv, P, logits_from=None,
                    kernels=self._kernels, canvas_rows=rows, anc=anc)
 
     @torch.no_grad()
-    def generate_block(self) -> tuple[list[int], int]:
-        """Denoise the next block (one launch in mode "while"); returns its K tokens and the rounds
-        it took. Needs `prefill` and `set_request` first."""
+    def launch_block(self) -> list[list[int]]:
+        """Denoise the next block of every row (one launch and one read-back in mode "while");
+        returns per row its K tokens followed by the rounds it took. Needs `prefill` and
+        `set_request` first; rows in ``done`` stay idle (their canvas is not denoised)."""
         if self._key_extra is None:
-            raise RuntimeError("call set_request(DecodeConfig) before generate_block()")
+            raise RuntimeError("call set_request(DecodeConfig) before generating a block")
         fold = self.config.fold_commit and self.pending
         S = self._slots(self.length + (2 if fold else 1) * self.K)
         if self.mode == "eager":
@@ -307,7 +332,7 @@ class Runtime:
                     raise
                 warnings.warn(f"device WHILE loop unavailable ({exc}); falling back to mode='graph'")
                 self.mode = "graph"
-                return self.generate_block()
+                return self.launch_block()
             g.replay()
         self._out_host.copy_(self.out, non_blocking=True)
         if self.device.type == "cuda":
@@ -315,7 +340,14 @@ class Runtime:
         if fold or not self.config.fold_commit:  # a block was committed in this launch
             self.length += self.K
         self.pending = self.config.fold_commit
-        vals = self._out_host.tolist()
+        return self._out_host.tolist()
+
+    @torch.no_grad()
+    def generate_block(self) -> tuple[list[int], int]:
+        """`launch_block` for batch 1: the K tokens and the rounds the block took."""
+        if self.B != 1:
+            raise ValueError(f"generate_block is the batch-1 call; this runtime has {self.B} rows: use launch_block")
+        vals = self.launch_block()[0]
         return vals[:self.K], vals[self.K]
 
     @torch.no_grad()
@@ -337,24 +369,24 @@ class Runtime:
 
     @torch.no_grad()
     def append_block(self, tokens) -> None:
-        """Commit K given tokens as a finished block (a forced prefix, or teacher forcing in
-        `orl.engine.parity`), after any pending one."""
+        """Commit K given tokens ((K,) for every row, or (B, K)) as a finished block (a forced
+        prefix, or teacher forcing in `orl.engine.parity`), after any pending one."""
         self.flush()
-        t = torch.as_tensor(tokens, dtype=torch.long).view(1, self.K).to(self.device)
-        self._embed_forward(t, self.lim_block, self._slots(self.length + self.K), logits_from=None)
+        t = torch.as_tensor(tokens, dtype=torch.long).to(self.device).reshape(-1, self.K).expand(self.B, -1)
+        self._embed_forward(t.contiguous(), self.lim_block, self._slots(self.length + self.K), logits_from=None)
         self.cache_len.add_(self.K)
         self.length += self.K
 
     @torch.no_grad()
     def decode(self, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,
-               on_block: Callable[[int, torch.Tensor], bool] | None = None, seed: int = 0) -> DecodeOutput:
-        """`orl.decode.decode` for one row: same arguments, same output (``seed``: the counter RNG's,
-        read by uniform-state models; the reference decoder draws the same with ``rng=CounterRNG(seed)``)."""
+               on_block: Callable[[int, torch.Tensor], bool] | None = None, seed=0) -> DecodeOutput:
+        """`orl.decode.decode` for the runtime's B rows: same arguments, same output. ``prompt`` (P,),
+        (1, P) (one prompt for every row: the G rollouts of a group) or (B, P). ``seed``: the counter
+        RNG's (an int, or one per row; read when sampling and by uniform-state models); the reference
+        decoder draws the same numbers with ``rng=CounterRNG(seed)``."""
         self.request_seed = seed
-        if prompt.dim() == 2 and prompt.shape[0] != 1:
-            raise ValueError(f"the runtime decodes one request at a time; got {prompt.shape[0]} rows")
-        prompt = prompt.reshape(1, -1)
-        P, K = prompt.shape[1], self.K
+        prompt = prompt.reshape(-1, prompt.shape[-1])
+        B, P, K = self.B, prompt.shape[1], self.K
         n_blocks = math.ceil(cfg.max_new_tokens / K)
         if P + n_blocks * K > self.mcfg.max_position:
             raise ValueError(f"prompt ({P} tokens) + max_new_tokens rounded to blocks ({n_blocks * K}) exceeds "
@@ -363,23 +395,33 @@ class Runtime:
         self.set_request(cfg, mask_id)
         self.prefill(prompt)
         eos = set(int(e) for e in eos_ids)
-        finish, gen, steps = "length", [], []
+        done, finish = [False] * B, ["length"] * B
+        gen: list[list[int]] = [[] for _ in range(B)]
+        steps: list[list[int]] = [[] for _ in range(B)]
         for b in range(n_blocks):
-            toks, n = self.generate_block()
-            gen += toks
-            steps.append(n)
-            done = bool(eos) and any(t in eos for t in toks)
-            if done:
-                finish = "stop"
-            if on_block is not None and on_block(b, torch.tensor([toks])) is False:
-                finish = finish if done else "cancelled"
+            vals = self.launch_block()
+            hit = []
+            for r in range(B):
+                gen[r] += vals[r][:K]
+                if not done[r]:
+                    steps[r].append(vals[r][K])
+                    if eos and any(t in eos for t in vals[r][:K]):
+                        hit.append(r)
+            for r in hit:
+                done[r], finish[r] = True, "stop"
+            if hit:
+                self.done.copy_(torch.tensor(done, device=self.device))
+            if on_block is not None and on_block(b, torch.tensor([v[:K] for v in vals])) is False:
+                finish = [f if d else "cancelled" for f, d in zip(finish, done)]
                 break
-            if done:
+            if all(done):
                 break
-        out = gen[:cfg.max_new_tokens]
-        for i, t in enumerate(out):
-            if t in eos:
-                out = out[:i + 1]
-                break
-        return DecodeOutput([out], [finish], [steps], P, K, [], [gen[:K * len(steps)]])
-
+        tokens = []
+        for r in range(B):
+            t = gen[r][:cfg.max_new_tokens]
+            for i, x in enumerate(t):
+                if x in eos:
+                    t = t[:i + 1]
+                    break
+            tokens.append(t)
+        return DecodeOutput(tokens, finish, steps, P, K, [], [gen[r][:K * len(steps[r])] for r in range(B)])
