@@ -116,3 +116,100 @@ def test_batch_refusals():
         rt.generate_block()
     with pytest.raises(ValueError, match="batch"):
         Runtime(model, K, mode="eager", batch=0)
+
+
+# ------------------------------------------------------------------------------ capture
+@pytest.mark.parametrize("rule,sampled", [("threshold", True), ("topk", False), ("llada", True)])
+def test_capture_equals_the_reference_trace(rule, sampled):
+    """Every step the runtime's graphs captured (canvas, unresolved set, the residual z consumed,
+    where, entropy, committed positions, active rows, top-k log-probs) equals the reference
+    decoder's trace on the same stream (float64: to 1e-12)."""
+    family = "llada" if rule == "llada" else "sdar"
+    model = _model(family)
+    K, k = model.config.block_size, 5
+    cfg = _cfg(rule, K, sampled, threshold=0.95, temperature=1.5 if sampled else 0.0)  # several steps a block
+    prompt = _prompts(1, 6, model.config.vocab_size, seed=9)
+    ref = decode(model, prompt.expand(3, -1), cfg, rng=CounterRNG(21), trace=True, trace_logits=True)
+    rt = Runtime(model, K, mode="eager", max_len=160, bucket=32, batch=3)
+    out = rt.decode(prompt, cfg, seed=21, capture_topk=k)
+    _same(out, ref)
+    assert len(out.trace) == len(ref.trace) > 6
+    assert len({t for row in out.tokens for t in row}) >= 4, "degenerate test model"
+    for a, b in zip(out.trace, ref.trace):
+        assert (a.block, a.step) == (b.block, b.step)
+        for f in ("canvas", "unresolved", "committed", "active", "residual_where"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), f
+        assert (a.residual is None) == (b.residual is None) and (b.step == 0) == (b.residual is None)
+        if a.residual is not None:
+            torch.testing.assert_close(a.residual, b.residual, rtol=0, atol=1e-12)
+        torch.testing.assert_close(a.entropy, b.entropy.float(), rtol=0, atol=1e-6)
+        lp, ids = torch.log_softmax(b.logits.float(), -1).topk(k, -1)
+        assert torch.equal(a.topk_ids, ids)
+        torch.testing.assert_close(a.topk_logp, lp, rtol=0, atol=1e-6)
+
+
+def test_runtime_rollouts_replay_through_the_training_forward():
+    """`rollout_group` through the runtime (capture), then packed replay through the model with the
+    captured residuals: the rollout's top-k log-probs come back (the ORL replay of docs/method.md 3.4)."""
+    import random  # noqa: PLC0415
+
+    from orl.tasks.arith import ArithTask  # noqa: PLC0415
+    from orl.tokenizer import build_char_tokenizer  # noqa: PLC0415
+    from orl.train.pack import pack, select_states  # noqa: PLC0415
+    from orl.train.rollout import rollout_group  # noqa: PLC0415
+    tok = build_char_tokenizer()
+    cfg = get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id, block_size=8,
+                     tie_embeddings=False)
+    model = build_model(cfg, seed=3).double().eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=g, dtype=torch.float64) * 0.4)
+        model.residual_pathway.mlp.down_proj.weight.normal_(0, 0.3, generator=g)
+    task = ArithTask(terms=2, digits=2)
+    dcfg = DecodeConfig(rule="threshold", block_size=8, max_new_tokens=16, temperature=1.0, threshold=0.2)
+    rt = Runtime(model, 8, mode="eager", max_len=96, bucket=32, batch=3)
+    rolls = rollout_group(model, tok, task, task.sample("train", 0), 3, dcfg, topk=8, runtime=rt, seed=4)
+    assert len({tuple(r.response) for r in rolls}) >= 2
+    sels = [select_states(r, budget=100, rng=random.Random(0)) for r in rolls]
+    assert sum(len(s.states) for s in sels) > 6 and any(s.residual is not None for r in rolls for s in r.states)
+    b = pack(sels, 8, model.config.clean_attention, "packed")
+    with torch.no_grad():
+        lg = b.gather(model(b.tokens, b.positions, b.mask, residual=b.residual, residual_where=b.residual_where))
+    replay = torch.log_softmax(lg.float(), -1).gather(-1, b.ref_ids)
+    assert (replay - b.ref_logp).abs().max().item() <= 1e-5
+
+
+def test_orl_loop_through_the_runtime_matches_its_reference_twin(tmp_path, monkeypatch):  # monkeypatch: sys.path
+    """The ORL loop with ``rollout_engine="runtime"`` (the CUDA path, here eager on the CPU): rollouts
+    through the runtime, weights reloaded in place after each update, training moves the weights.
+    A loop on the reference decoder with the same counter streams takes the same rollouts, so the
+    two runs end with the same weights (float32: to 1e-5)."""
+    import os  # noqa: PLC0415
+
+    from orl.model import save_pretrained  # noqa: PLC0415
+    from orl.model.checkpoint import read_state_dict  # noqa: PLC0415
+    from orl.model.convert import ensure_pathway  # noqa: PLC0415
+    from orl.recipes.orl_arith import orl_arith_smoke  # noqa: PLC0415
+    from orl.tokenizer import build_char_tokenizer  # noqa: PLC0415
+    from orl.train import loop as L  # noqa: PLC0415
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "fixtures"))
+    tok = build_char_tokenizer()
+    m = build_model(get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id, block_size=8,
+                               tie_embeddings=False), seed=2)
+    ensure_pathway(m)
+    with torch.no_grad():
+        m.residual_pathway.mlp.down_proj.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+    save_pretrained(m, str(tmp_path / "start"), tokenizer=tok)
+    runs = {}
+    for engine in ("runtime", "reference"):
+        cfg = orl_arith_smoke(str(tmp_path / "start"), str(tmp_path / engine))
+        cfg.task, cfg.task_kwargs, cfg.rollout_engine = "coin_task:make_task", {}, engine
+        cfg.decode.block_size, cfg.decode.max_new_tokens, cfg.max_prompt_tokens = 8, 16, 64
+        cfg.loss.anchor = "none"
+        cfg.rollout_rng = "counter"  # the reference decoder on the runtime's counter streams
+        L.train_orl(cfg, resume=False, quiet=True)
+        runs[engine] = read_state_dict(str(tmp_path / engine / "final"))
+    a, b = runs["runtime"], runs["reference"]
+    start = read_state_dict(str(tmp_path / "start"))
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # it trained
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=0) for k in a)

@@ -41,6 +41,8 @@ class StepRecord:
     committed: torch.Tensor           # (B, K) bool positions resolved at this step
     active: torch.Tensor              # (B,) bool rows that were still denoising this block
     logits: torch.Tensor | None = None  # (B, K, V) when trace_logits
+    topk_ids: torch.Tensor | None = None   # (B, K, k) the step's top-k token ids (the runtime's capture)
+    topk_logp: torch.Tensor | None = None  # (B, K, k) their log-probabilities (of the raw logits)
 
 
 @dataclass

@@ -169,6 +169,34 @@ def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backe
                  pick_backend(moe_backend, embed.device))
 
 
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        if dst.data_ptr() != src.data_ptr():
+            dst.copy_(src)
+    elif dst is not None:  # a NamedTuple of tensors (LayerWeights, MoEWeights)
+        for a, b in zip(dst, src):
+            _copy_into(a, b)
+
+
+@torch.no_grad()
+def refresh(w: Baked, model) -> None:
+    """Copy ``model``'s current weights into the baked ``w`` in place, one layer at a time (the
+    tensors keep their addresses, so captured CUDA graphs read the new weights; the extra memory is
+    one layer's). The ORL loop calls it after every update (`orl.engine.runtime.Runtime.load_weights`)."""
+    if w.tp_reduce is not None:
+        raise NotImplementedError("refresh a tensor-parallel runtime by building it again")
+    cast = lambda t: None if t is None else t.detach().to(w.dtype).contiguous()  # noqa: E731
+    for lw, layer in zip(w.layers, model.model.layers):
+        _copy_into(lw, _layer_weights(layer, w.cfg, cast))
+    embed, lm_head, _ = w.embed, w.lm_head, None
+    _copy_into(embed, cast(model.model.embed_tokens.weight))
+    if lm_head is not embed:
+        _copy_into(lm_head, cast(model.lm_head.weight))
+    _copy_into(w.norm, cast(model.model.norm.weight))
+    if w.pathway is not None:
+        w.pathway.load_state_dict({k: v.to(w.dtype) for k, v in model.residual_pathway.state_dict().items()})
+
+
 class StaticKV:
     """Per-layer K/V buffers (B, Hkv_l, max_len, hd_l) for B rows, allocated once (shapes per layer
     type); which slots are valid is the caller's business (a device-side length), never this object's."""

@@ -42,6 +42,7 @@ from ..decode.config import DecodeConfig
 from . import forward as F_
 from .graphs import WhileLoop, capture, conditional_nodes_available
 from ..decode.rng import row_seeds
+from .capture import Capture
 from .rules import CanvasRule, MaskRule
 
 MODES = ("auto", "eager", "graph", "while")
@@ -139,12 +140,18 @@ class Runtime:
         self.no_canvas = z(B, K, dt=torch.bool)
         self.length, self.pending = 0, False     # host mirrors of cache_len and "prev not committed"
         self._key_extra = None                   # the request's rule key (part of every graph key)
+        self._cap, self._caps = None, {}         # step capture of the request (orl.engine.capture)
         self.request_seed = 0
         self._graphs: dict = {}
         self._loop = None
         self._cap_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self._out_host = torch.zeros(B, K + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
+
+    @torch.no_grad()
+    def load_weights(self, model) -> None:
+        """Take ``model``'s current weights (same architecture), in place: graphs stay valid."""
+        F_.refresh(self.w, model)
 
     @property
     def sampler(self) -> str | None:
@@ -163,15 +170,30 @@ class Runtime:
                 raise RuntimeError(f"mode 'while' unavailable: {why}; use mode='graph'")
         return mode
 
-    def set_request(self, cfg: DecodeConfig, mask_id: int | None = None, seed=None) -> None:
+    def set_request(self, cfg: DecodeConfig, mask_id: int | None = None, seed=None,
+                    capture_topk: int | None = None) -> None:
         """Copy one request's decoding numbers into the device buffers (no recapture needed).
         ``seed``: the counter RNG's (`orl.decode.rng.row_seeds`: an int, or one per row; read when
-        sampling and by uniform-state models); None: ``self.request_seed``."""
+        sampling and by uniform-state models); None: ``self.request_seed``. ``capture_topk``: capture
+        every step for the loss (`orl.engine.capture`, with that many top-k log-probs; None: off)."""
         if cfg.block_size != self.K:
             raise ValueError(f"DecodeConfig.block_size {cfg.block_size} != the runtime's block size (canvas length) {self.K}")
         seeds = row_seeds(self.request_seed if seed is None else seed, self.B)
         self._key_extra = self.rule.set_request(self, cfg, mask_id, seeds)
         self.done.zero_()
+        self._cap = None
+        if capture_topk is not None:
+            if self.uniform:
+                raise NotImplementedError("step capture covers the mask-diffusion rules (SDAR, LLaDA); "
+                                          "DiffusionGemma rollouts are captured by orl.decode.decode(trace=True)")
+            R = cfg.max_steps + (cfg.max_post_steps if cfg.rule == "llada" else 0)
+            key = (R, capture_topk)
+            if key not in self._caps:  # kept: the graphs captured with them write into these buffers
+                self._caps[key] = Capture(R, self.B, self.K, self.mcfg.hidden_size, capture_topk, self.w.dtype,
+                                          self.device, self.mcfg.pathway == "rcd")
+            self._cap = self._caps[key]
+            self._cap.start()
+        self._key_extra = (*self._key_extra, None if self._cap is None else self._cap.key())
 
     # ------------------------------------------------------------ block pieces
     # These run eagerly or are captured; they touch only static buffers (docs/STYLE.md 10).
@@ -193,6 +215,9 @@ class Runtime:
         self.rnd.zero_()
         self.rule.begin(self)
         residual, where, weight = self.rule.canvas_inputs(self, first=True)
+        if self._cap is not None:
+            slot = self._cap.slot(self.rnd, self.flag)
+            self._cap.inputs(slot, self.canvas, self.rule.unresolved, self.z, self.where, self.weight)
         rows = self.where if self.uniform else None
         if fold:
             tokens = torch.cat([self.prev, self.canvas], 1)
@@ -205,16 +230,27 @@ class Runtime:
         else:
             logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight, rows=rows)
         self.rule.decide(self, logits)
+        if self._cap is not None:
+            self._capture_outputs(slot, logits)
         self.rnd.add_(1)
 
     def _round(self, S: int) -> None:
         """One more round; a no-op once the flag is down (a graph warm-up, or an extra replay)."""
         go = self.flag.clone()
         residual, where, weight = self.rule.canvas_inputs(self, first=False)
+        if self._cap is not None:
+            slot = self._cap.slot(self.rnd, go)
+            self._cap.inputs(slot, self.canvas, self.rule.unresolved, self.z, self.where, self.weight)
         logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight,
                                      rows=self.where if self.uniform else None)
         self.rule.decide(self, logits)
+        if self._cap is not None:
+            self._capture_outputs(slot, logits)
         self.rnd.add_(go.long())
+
+    def _capture_outputs(self, slot, logits) -> None:
+        probs, _, stepping = self.rule.last
+        self._cap.outputs(slot, logits, probs, self.rule.last_take & stepping[:, None], stepping)
 
     def _end(self, S: int) -> None:
         """With ``fold_commit`` the finished block waits in ``prev`` for the next block's start;
@@ -313,6 +349,8 @@ class Runtime:
             raise RuntimeError("call set_request(DecodeConfig) before generating a block")
         fold = self.config.fold_commit and self.pending
         S = self._slots(self.length + (2 if fold else 1) * self.K)
+        if self._cap is not None:
+            self._cap.wait()  # the previous block's capture is on its way to the host
         if self.mode == "eager":
             self._start(fold, S)
             while bool(self.flag):
@@ -340,7 +378,10 @@ class Runtime:
         if fold or not self.config.fold_commit:  # a block was committed in this launch
             self.length += self.K
         self.pending = self.config.fold_commit
-        return self._out_host.tolist()
+        vals = self._out_host.tolist()
+        if self._cap is not None:
+            self._cap.take(max(v[self.K] for v in vals))
+        return vals
 
     @torch.no_grad()
     def generate_block(self) -> tuple[list[int], int]:
@@ -379,11 +420,14 @@ class Runtime:
 
     @torch.no_grad()
     def decode(self, prompt: torch.Tensor, cfg: DecodeConfig, *, eos_ids=(), mask_id: int | None = None,
-               on_block: Callable[[int, torch.Tensor], bool] | None = None, seed=0) -> DecodeOutput:
+               on_block: Callable[[int, torch.Tensor], bool] | None = None, seed=0,
+               capture_topk: int | None = None) -> DecodeOutput:
         """`orl.decode.decode` for the runtime's B rows: same arguments, same output. ``prompt`` (P,),
         (1, P) (one prompt for every row: the G rollouts of a group) or (B, P). ``seed``: the counter
         RNG's (an int, or one per row; read when sampling and by uniform-state models); the reference
-        decoder draws the same numbers with ``rng=CounterRNG(seed)``."""
+        decoder draws the same numbers with ``rng=CounterRNG(seed)``. ``capture_topk`` (not None):
+        the output's ``trace`` holds every step, as ``decode(trace=True)``'s, with that many top-k
+        log-probs per position instead of whole logits (`orl.engine.capture`)."""
         self.request_seed = seed
         prompt = prompt.reshape(-1, prompt.shape[-1])
         B, P, K = self.B, prompt.shape[1], self.K
@@ -392,7 +436,7 @@ class Runtime:
             raise ValueError(f"prompt ({P} tokens) + max_new_tokens rounded to blocks ({n_blocks * K}) exceeds "
                              f"the model context {self.mcfg.max_position}; shorten the prompt or lower max_new_tokens")
         self._slots(P + n_blocks * K)
-        self.set_request(cfg, mask_id)
+        self.set_request(cfg, mask_id, capture_topk=capture_topk)
         self.prefill(prompt)
         eos = set(int(e) for e in eos_ids)
         done, finish = [False] * B, ["length"] * B
@@ -424,4 +468,5 @@ class Runtime:
                     t = t[:i + 1]
                     break
             tokens.append(t)
-        return DecodeOutput(tokens, finish, steps, P, K, [], [gen[r][:K * len(steps[r])] for r in range(B)])
+        trace = [] if self._cap is None else self._cap.records(self.rule.use_residual)
+        return DecodeOutput(tokens, finish, steps, P, K, trace, [gen[r][:K * len(steps[r])] for r in range(B)])

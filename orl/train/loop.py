@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..decode import DecodeConfig
+from ..decode.rng import CounterRNG
 from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -58,6 +59,12 @@ class ORLConfig:
     eval_decode: DecodeConfig | None = None
     seed: int = 0
     device: str = "cpu"               # "cuda" on a GPU machine (each rank uses its local GPU under torchrun)
+    rollout_engine: str = "auto"      # "runtime": G rows per launch through orl.engine (CUDA graphs, capture
+                                      # in the graph); "reference": orl.decode.decode; "auto": runtime on CUDA
+    rollout_dtype: str | None = None  # the runtime's weights/activations ("bfloat16", ...); None: the model's
+    rollout_rng: str = "torch"        # the reference decoder's stream: "torch" (a torch.Generator per prompt)
+                                      # or "counter" (the runtime's: both decoders then take the same rollouts)
+    max_prompt_tokens: int = 1024     # the runtime's KV cache holds this + max_new_tokens + two blocks per row
     out: str = "runs/orl"
     save_every: int = 25
     log_every: int = 1
@@ -80,6 +87,18 @@ def _world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _rollout_runtime(cfg: ORLConfig, policy, device: str):
+    """The runtime that decodes a group's G rows per launch (None: the reference decoder)."""
+    if cfg.rollout_engine not in ("auto", "runtime", "reference"):
+        raise ValueError(f"rollout_engine must be 'auto', 'runtime' or 'reference', got {cfg.rollout_engine!r}")
+    if cfg.rollout_engine == "reference" or (cfg.rollout_engine == "auto" and not str(device).startswith("cuda")):
+        return None
+    from ..engine.runtime import Runtime  # noqa: PLC0415
+    n = cfg.max_prompt_tokens + cfg.decode.max_new_tokens + 2 * cfg.decode.block_size
+    return Runtime(policy, cfg.decode.block_size, batch=cfg.group_size, dtype=cfg.rollout_dtype,
+                   max_len=min(n, policy.config.max_position))
 
 
 def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
@@ -121,6 +140,7 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         except Exception:
             pass
     K = cfg.decode.block_size
+    runtime = _rollout_runtime(cfg, behaviour if behaviour is not None else model, device)
     bar = tqdm(total=cfg.steps, initial=step, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
     while step < cfg.steps:
         t0 = time.time()
@@ -130,6 +150,8 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
             behaviour.load_state_dict(model.state_dict())
         policy = behaviour if behaviour is not None else model
         policy.eval()
+        if runtime is not None:
+            runtime.load_weights(policy)
         # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts)
         ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
         mine = [i for j, i in enumerate(ids) if j % world == rank]
@@ -137,8 +159,11 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         for i in mine:
             prob = task.sample("train", i) if train_problems else pool[i % len(pool)]
             g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
+            seed = (cfg.seed * 7_919 + i) * cfg.group_size  # the group's counter streams: rows seed .. seed + G - 1
             rolls += rollout_group(policy, tok, task, prob, cfg.group_size, cfg.decode, generator=g,
-                                   topk=cfg.topk_stats if cfg.loss.anchor == "rollout" else 0, chat=cfg.chat)
+                                   topk=cfg.topk_stats if cfg.loss.anchor == "rollout" else 0, chat=cfg.chat,
+                                   runtime=runtime, seed=seed,
+                                   rng=CounterRNG(seed) if cfg.rollout_rng == "counter" else None)
         t_roll = time.time() - t0
         # ---- 2. verify: only rewarded rollouts supervise
         verified = [r for r in rolls if r.reward >= 1.0]

@@ -56,13 +56,28 @@ class Rollout:
 
 @torch.no_grad()
 def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *, generator=None,
-                  topk: int = 16, chat: bool = False) -> list[Rollout]:
-    """G rollouts of one problem with capture; each verified with ``task.verify``."""
+                  topk: int = 16, chat: bool = False, runtime=None, seed: int = 0, rng=None) -> list[Rollout]:
+    """G rollouts of one problem with capture; each verified with ``task.verify``.
+
+    One interface, two decoders: ``runtime`` None -- the reference decoder (`orl.decode.decode`
+    with ``trace=True``, drawing from ``generator``; what CPU runs use, so their numbers do not
+    move); ``runtime`` an `orl.engine.runtime.Runtime` of batch G over the policy's weights -- the
+    G rows in one launch per block with the states captured by its graphs (`orl.engine.capture`),
+    drawing from the counter stream of ``seed`` (row r: seed + r). ``rng`` (reference decoder
+    only): an `orl.decode.rng` object instead of ``generator`` -- ``CounterRNG(seed)`` draws the
+    runtime's numbers, so both decoders give the same rollouts."""
     dev = next(model.parameters()).device
     prompt = encode_prompt(tokenizer, problem.prompt, chat)
-    p = torch.tensor([prompt] * G, device=dev)
-    out = decode(model, p, dcfg, eos_ids=eos_ids(tokenizer), mask_id=tokenizer.mask_token_id, trace=True,
-                 trace_logits=topk > 0, generator=generator)
+    eos = eos_ids(tokenizer)
+    if runtime is not None:
+        if runtime.B != G:
+            raise ValueError(f"the runtime decodes {runtime.B} rows per launch; this group has G = {G}")
+        out = runtime.decode(torch.tensor([prompt]), dcfg, eos_ids=eos, mask_id=tokenizer.mask_token_id, seed=seed,
+                             capture_topk=topk)
+    else:
+        p = torch.tensor([prompt] * G, device=dev)
+        out = decode(model, p, dcfg, eos_ids=eos, mask_id=tokenizer.mask_token_id, trace=True,
+                     trace_logits=topk > 0, generator=generator, rng=rng)
     rolls = []
     for r in range(G):
         text = completion_text(tokenizer, out.tokens[r])
@@ -72,7 +87,9 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
             if rec.block >= n_blocks or not bool(rec.active[r]):
                 continue
             ids = logp = None
-            if rec.logits is not None and topk > 0:
+            if rec.topk_logp is not None:
+                ids, logp = rec.topk_ids[r].clone(), rec.topk_logp[r].clone()
+            elif rec.logits is not None and topk > 0:
                 lp = torch.log_softmax(rec.logits[r].float(), -1)
                 logp, ids = lp.topk(min(topk, lp.shape[-1]), -1)
             states.append(State(
@@ -85,4 +102,3 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
         rolls.append(Rollout(problem.id, prompt, resp, len(out.tokens[r]), text, float(task.verify(problem, text)),
                              list(out.steps_per_block[r]), states, r))
     return rolls
-
