@@ -59,7 +59,7 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def run(name: str, batches: list[int], new_tokens: int, ref_batch: int) -> None:
+def run(name: str, batches: list[int], new_tokens: int, ref_batch: int, profile: int = 0) -> None:
     torch._dynamo.reset()
     model, rule, rpb = family(name)
     K = model.config.block_size
@@ -70,7 +70,7 @@ def run(name: str, batches: list[int], new_tokens: int, ref_batch: int) -> None:
     rows, ref_tps, ref_tps_rt = [], None, None
     for B in batches:
         try:
-            r = one_batch(model, prompt, dcfg, B, new_tokens)
+            r = one_batch(model, prompt, dcfg, B, new_tokens, profile == B)
         except Exception as exc:  # noqa: BLE001 - report and go on to the next batch
             E.say(f"  B = {B} failed: {type(exc).__name__}: {str(exc)[:300]}")
             torch.cuda.empty_cache()
@@ -91,7 +91,7 @@ def run(name: str, batches: list[int], new_tokens: int, ref_batch: int) -> None:
     torch.cuda.empty_cache()
 
 
-def one_batch(model, prompt, dcfg, B: int, new_tokens: int) -> dict:
+def one_batch(model, prompt, dcfg, B: int, new_tokens: int, profile: bool = False) -> dict:
     K = dcfg.block_size
     t0 = time.perf_counter()
     rt = Runtime(model, K, batch=B, max_len=P + new_tokens + 2 * K, bucket=64)
@@ -119,6 +119,12 @@ def one_batch(model, prompt, dcfg, B: int, new_tokens: int) -> dict:
            f"{tps:.0f}", f"{walls[None]:.2f}", f"{100 * cap_over:+.1f} %", f"{setup:.0f}"]
     E.say("  " + " | ".join(str(x) for x in row) + f"   (floor: {how}; {n_states} captured steps; "
           f"capture {rt._cap.bytes_per_round() / 1e6:.1f} MB a round)")
+    if profile:  # where a round's time goes, with and without capture (the request state of the last decode)
+        for cap in (TOPK, None):
+            rt.set_request(dcfg, seed=2, capture_topk=cap)
+            rt.prefill(prompt)
+            E.say(f"\n### B = {B}: one round's GPU time by kernel kind ({'with' if cap else 'without'} capture)\n")
+            E.table(["kind", "kernels", "ms"], E.profile_round(rt, P, K, graph=True))
     return {"row": row, "tps": tps}
 
 
@@ -129,6 +135,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,16,64")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--ref-batch", type=int, default=16)
+    ap.add_argument("--profile", type=int, default=0, help="profile one round at this batch (0: none)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     E.OUT_DIR[0], E.RESULTS_FILE[0] = a.out, "rollout_results.md"
@@ -138,7 +145,7 @@ def main() -> None:
     E.say(f"`python benchmarks/rollout.py --families {a.families} --batches {a.batches} --new-tokens {a.new_tokens} "
           f"--ref-batch {a.ref_batch}`; ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {tf / 1e12:.0f} TFLOP/s\n")
     for name in a.families.split(","):
-        run(name, [int(b) for b in a.batches.split(",")], a.new_tokens, a.ref_batch)
+        run(name, [int(b) for b in a.batches.split(",")], a.new_tokens, a.ref_batch, a.profile)
 
 
 if __name__ == "__main__":

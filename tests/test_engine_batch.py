@@ -213,3 +213,12 @@ def test_orl_loop_through_the_runtime_matches_its_reference_twin(tmp_path, monke
     start = read_state_dict(str(tmp_path / "start"))
     assert any(not torch.equal(a[k], start[k]) for k in a)  # it trained
     assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=0) for k in a)
+
+
+def test_two_stage_topk_equals_topk():
+    from orl.engine.capture import topk_lastdim  # noqa: PLC0415
+    x = torch.randn(3, 5, 64 * 40, generator=torch.Generator().manual_seed(0))
+    for k in (1, 16, 40):
+        a, b = topk_lastdim(x, k), x.topk(k, -1)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.equal(topk_lastdim(x[..., :100], 7)[1], x[..., :100].topk(7, -1)[1])  # 100 % 64: one stage

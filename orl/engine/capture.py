@@ -29,6 +29,18 @@ from ..decode.block import StepRecord
 FIELDS = ("canvas", "unresolved", "z", "where", "weight", "entropy", "committed", "active", "ids", "logp")
 
 
+def topk_lastdim(x: torch.Tensor, k: int, chunks: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, -1)`` over a long last axis (a vocabulary) in two stages: the top k of each of
+    ``chunks`` slices, then the top k of those (one pass with ``chunks`` times the parallelism)."""
+    V = x.shape[-1]
+    if V % chunks or V // chunks < k:
+        return x.topk(k, -1)
+    part, idx = x.reshape(*x.shape[:-1], chunks, V // chunks).topk(k, -1)
+    idx = idx + torch.arange(0, V, V // chunks, device=x.device)[:, None]
+    top, j = part.flatten(-2).topk(k, -1)
+    return top, idx.flatten(-2).gather(-1, j)
+
+
 class Capture:
     """Device buffers for R rounds (+ one scratch slot) of B rows, and the host copy of a request."""
 
@@ -74,9 +86,10 @@ class Capture:
         d["committed"].index_copy_(0, i, committed[None])
         d["active"].index_copy_(0, i, active[None])
         if self.topk:
-            logp, ids = torch.log_softmax(logits.float(), -1).topk(self.topk, -1)
+            lf = logits.float()
+            top, ids = topk_lastdim(lf, self.topk)  # log_softmax's top-k = the logits' top-k - logsumexp
             d["ids"].index_copy_(0, i, ids[None])
-            d["logp"].index_copy_(0, i, logp[None])
+            d["logp"].index_copy_(0, i, (top - torch.logsumexp(lf, -1, keepdim=True))[None])
 
     # ---------------------------------------------------------------- on the host
     def start(self) -> None:
