@@ -166,7 +166,7 @@ def bake(model, dtype: torch.dtype | None = None, max_len: int = 4096, moe_backe
         cos, sin = rope_cos_sin(pos, *cfg.layer_rope(kind), dtype=dtype)
         rope[kind] = (cos[0], sin[0])
     return Baked(cfg, dtype, embed, lm_head, cast(model.model.norm.weight), layers, pathway, rope,
-                 pick_backend(moe_backend, embed.device))
+                 pick_backend(moe_backend, embed.device, dtype))
 
 
 def _copy_into(dst, src) -> None:

@@ -310,23 +310,27 @@ def _(x, ids, w, gate_up, down, shared, gelu, gemma):
 
 
 # ----------------------------------------------------------------------------- the layer
-def pick_backend(backend: str, device: torch.device) -> str:
+def pick_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """"auto": the Triton kernels on CUDA for the dtypes they take (float32, bf16, fp16), else the
+    PyTorch twin; "triton" with float64 is refused with the way out."""
     if backend not in BACKENDS:
         raise ValueError(f"MoE backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        return "triton" if device.type == "cuda" and triton_available() and dtype != torch.float64 else "torch"
+    if backend == "triton" and dtype == torch.float64:
+        raise ValueError("the Triton MoE kernels take float32 / bf16 / fp16, not float64; use moe_backend='torch'")
     return backend
 
 
 def moe_mlp(h: torch.Tensor, mw: MoEWeights, cfg, router_input: Optional[torch.Tensor] = None,
             backend: str = "auto") -> torch.Tensor:
-    """`MoE.forward`: h (1, T, D) the (normed) expert input; router_input (1, T, D) (None: h, the
-    LLaDA case; Gemma 4 routes the raw residual). Returns (1, T, D). ``backend`` "auto": Triton
+    """`MoE.forward`: h (B, T, D) the (normed) expert input; router_input (B, T, D) (None: h, the
+    LLaDA case; Gemma 4 routes the raw residual). Returns (B, T, D). ``backend`` "auto": Triton
     on CUDA when importable, else the PyTorch twin."""
     shape = h.shape
     x = h.reshape(-1, shape[-1])
     rx = x if router_input is None else router_input.reshape(-1, shape[-1])
-    use_triton = pick_backend(backend, x.device) == "triton"
+    use_triton = pick_backend(backend, x.device, x.dtype) == "triton"
     if use_triton:  # one routing kernel (`route_triton`) instead of route's ~8
         w, ids = torch.ops.orl.moe_route(rx, mw.router, mw.router_scale, mw.per_expert_scale,
                                          cfg.num_experts_per_tok, bool(cfg.router_norm_topk), float(cfg.rms_eps))
