@@ -169,10 +169,34 @@ def test_runtime_engine_equals_reference(make_speaking_llm, name):
     with held_after_first_text(fast), fast.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
         next(s)
     assert s.result.finish_reason == "cancelled" and s.result.completion_tokens < 400
-    # sampling is not run by the runtime: those requests fall back to the reference decoder
-    assert not fast.uses_runtime(dataclasses.replace(fast.decode_config, temperature=1.0), 5)
+    # sampled requests run in the runtime's graph, from the counter stream: with rng="counter" the
+    # reference decoder draws the same numbers and gives the same text
+    assert fast.uses_runtime(dataclasses.replace(fast.decode_config, temperature=1.0), 5)
+    ref.rng = "counter"
     s1 = fast.generate("hello", max_new_tokens=16, temperature=1.0, seed=3)
     assert s1.token_ids == ref.generate("hello", max_new_tokens=16, temperature=1.0, seed=3).token_ids
+    assert s1.token_ids != fast.generate("hello", max_new_tokens=16, temperature=1.0, seed=4).token_ids
+
+
+@pytest.mark.parametrize("engine", ["reference", "runtime"])
+def test_generate_n_samples_one_batch(make_speaking_llm, engine):
+    """`generate_n` (OpenAI's n): n samples of one prompt in one batched decode. On the counter
+    stream sample r is the single request with seed + r, through the runtime (B = n rows in one
+    launch per block) and the reference decoder alike; stop strings and EOS act per sample."""
+    llm = make_speaking_llm("sdar/tiny")
+    llm.engine, llm.rng = engine, "counter"
+    kw = dict(max_new_tokens=24, temperature=1.0, ignore_eos=True)
+    gens = llm.generate_n("hello", 3, seed=7, **kw)
+    assert len(gens) == 3 and len({tuple(g.token_ids) for g in gens}) >= 2
+    for r, g in enumerate(gens):
+        one = llm.generate("hello", seed=7 + r, **kw)
+        assert (g.token_ids, g.text, g.forwards) == (one.token_ids, one.text, one.forwards)
+    assert (engine == "runtime") == (3 in llm._runtimes)
+    stop = gens[1].text[3:5]
+    cut = llm.generate_n("hello", 3, seed=7, stop=stop, **kw)
+    assert cut[1].finish_reason == "stop" and cut[1].text == gens[1].text[:gens[1].text.find(stop)]
+    with pytest.raises(ValueError, match="positive"):
+        llm.generate_n("hello", 0)
 
 
 def test_engine_name_checked():

@@ -62,3 +62,58 @@ def test_packed_equals_unpacked_losses_and_gradients(setup):
         assert out[mode][0] == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
         for g, r in zip(out[mode][1], ref_grads):
             assert torch.allclose(g, r, atol=1e-6), mode
+
+
+def test_flex_block_mask_equals_the_dense_mask(setup):
+    """The staircase visibility as a FlexAttention BlockMask (the replay's fast path) gives the dense
+    SDPA mask's logits and losses on a packed batch (and gradients, on CUDA); its mask_mod is the
+    dense mask, and the BlockMask skips tiles."""
+    from orl.model.masks import staircase_block_mask  # noqa: PLC0415
+    tok, model, rolls = setup
+    sels = [select_states(r, budget=4, rng=random.Random(2)) for r in rolls]
+    b = pack(sels, 8, model.config.clean_attention, "packed", max_row_tokens=80)
+    bm = b.block_mask(block_size=16)
+    dense = bm.to_dense()  # (B, 1, T/16, T/16) tiles with any visible pair
+    assert dense.shape[0] == b.tokens.shape[0] and bool((dense == 0).any())  # some tiles are skipped
+    from torch.nn.attention.flex_attention import create_mask  # noqa: PLC0415
+    B, T = b.tokens.shape
+    m = staircase_block_mask(b.meta[:, 0], b.meta[:, 1], b.meta[:, 2], 16)
+    assert torch.equal(create_mask(m.mask_mod, B, None, T, T)[:, 0], b.mask)
+    cfg = LossConfig(gate="soft", anchor="none")
+    out = {}
+    grads = torch.cuda.is_available()  # FlexAttention has no backward on the CPU: gradients on CUDA only
+    dev = "cuda" if grads else "cpu"
+    m_ = model.to(dev)
+    bb = b.to(dev)
+    for name, mask in (("dense", bb.mask), ("flex", bb.block_mask(block_size=16))):
+        m_.zero_grad()
+        with torch.set_grad_enabled(grads):
+            lg = bb.gather(m_(bb.tokens, bb.positions, mask, residual=bb.residual, residual_where=bb.residual_where))
+            loss, _ = orl_loss(lg, bb.targets, bb.unresolved, bb.resp, bb.pairs, bb.n_responses, cfg)
+        if grads:
+            loss.backward()
+        out[name] = (lg.detach(), loss.item(), [p.grad.clone() for p in m_.parameters()] if grads else [])
+    model.to("cpu")
+    torch.testing.assert_close(out["flex"][0], out["dense"][0], rtol=1e-5, atol=1e-5)
+    assert out["flex"][1] == pytest.approx(out["dense"][1], rel=1e-6, abs=1e-7)
+    for gf, gd in zip(out["flex"][2], out["dense"][2]):
+        torch.testing.assert_close(gf, gd, rtol=1e-4, atol=1e-6)
+
+
+def test_cost_ordered_packing_keeps_the_losses(setup):
+    """Rows filled by estimated cost (`orl.train.balance.pack_by_cost`) instead of in order: the same
+    states, the same per-response losses (the loss is a sum over responses), within the budget."""
+    tok, model, rolls = setup
+    sels = [select_states(r, budget=4, rng=random.Random(1)) for r in rolls]
+    cfg = LossConfig(gate="soft", anchor="none")
+    losses = {}
+    for name, cc in (("order", None), ("cost", model.config)):
+        b = pack(sels, 8, model.config.clean_attention, "packed", max_row_tokens=60, cost_cfg=cc)
+        seg = b.meta[:, 2]  # padding has negative segments
+        for row in seg:
+            real = row[row >= 0]
+            assert real.numel() <= 60 or real.unique().numel() == 1  # within budget, or one unit alone
+        with torch.no_grad():
+            lg = b.gather(model(b.tokens, b.positions, b.mask, residual=b.residual, residual_where=b.residual_where))
+        losses[name] = orl_loss(lg, b.targets, b.unresolved, b.resp, b.pairs, b.n_responses, cfg)[0].item()
+    assert losses["cost"] == pytest.approx(losses["order"], rel=1e-6)

@@ -126,6 +126,15 @@ def test_completion_matches_llm(llm, client):
     assert r.object == "text_completion" and r.id.startswith("cmpl-")
 
 
+def test_n_samples_are_the_llms_generate_n(llm, client):
+    """OpenAI's n: n choices from one batched decode, each the LLM's sample of that index."""
+    r = client.completions.create(model=MODEL, prompt="hello", max_tokens=16, temperature=1.0, seed=5, n=3)
+    gens = llm.generate_n("hello", 3, max_new_tokens=16, temperature=1.0, seed=5)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [g.text for g in gens]
+    assert r.usage.completion_tokens == sum(g.completion_tokens for g in gens) and r.usage.prompt_tokens == 5
+
+
 def test_chat_matches_llm(llm, client):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0, seed=1, user="u")
@@ -175,7 +184,8 @@ BAD = [  # (path, body, status, param)
     ("completions", {**OK, "prompt": "x" * 600}, 400, "prompt"),
     ("completions", {**OK, "prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {**OK, "prompt": 42}, 400, "prompt"),
-    ("completions", {**OK, "n": 2}, 400, "n"),
+    ("completions", {**OK, "n": 17}, 400, "n"),
+    ("completions", {**OK, "n": 2, "stream": True}, 400, "n"),
     ("completions", {**OK, "temperature": "hot"}, 400, "temperature"),
     ("completions", {**OK, "temperature": 5}, 400, "temperature"),
     ("completions", {**OK, "stream": "yes"}, 400, "stream"),

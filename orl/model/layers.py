@@ -84,7 +84,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache=None, store_kv: bool = False) -> torch.Tensor:
-        """x (B, T, D); cos/sin (B, T, hd); mask (B|1, T, S) bool, True = visible; returns (B, T, D)."""
+        """x (B, T, D); cos/sin (B, T, hd); mask (B|1, T, S) bool, True = visible, or a FlexAttention
+        BlockMask of the same visibility (no cache); returns (B, T, D)."""
         B, T, _ = x.shape
         H, Hkv, hd = self.cfg.num_heads, self.Hkv, self.hd
         q = self.q_proj(x).view(B, T, H, hd)
@@ -98,8 +99,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v, store=store_kv)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=self.scale,
-                                             enable_gqa=H != Hkv)
+        if isinstance(mask, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=self.scale,
+                                                 enable_gqa=H != Hkv)
+        else:  # a FlexAttention BlockMask (`orl.model.masks.staircase_block_mask`): invisible tiles skipped
+            from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415
+            out = flex_attention(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * hd))
 
 

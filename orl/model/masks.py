@@ -15,8 +15,9 @@ Rule (docs/method.md 1.2 generalised as in 3.5): query q may attend key k iff sa
 Clean tokens never see noisy ones; a noisy canvas never sees its own clean copy, later blocks or
 other noisy states.
 
-Does not own: position ids beyond the layouts below, or how the mask is executed (SDPA dense mask
-here; a FlexAttention BlockMask can be built from `visible` for packed training).
+Does not own: position ids beyond the layouts below, or how the mask is executed: a dense (T, T)
+bool mask for SDPA (`Layout.mask`), or the same rule as a FlexAttention ``mask_mod`` over per-token
+metadata (`staircase_block_mask`), whose BlockMask skips the tiles no query of a tile can see.
 Shapes: B batch, T tokens, P prompt length, R response length, K block length.
 """
 from __future__ import annotations
@@ -106,3 +107,23 @@ def commit_layout(prompt_len: int, committed_len: int, K: int, clean_attention: 
     block = clean_blocks(prompt_len, committed_len, K, clean_attention)
     n = prompt_len + committed_len
     return Layout(block, torch.full((n,), -1), torch.zeros(n, dtype=torch.long), torch.arange(n))
+
+
+def staircase_block_mask(block: torch.Tensor, state: torch.Tensor, segment: torch.Tensor, block_size: int = 128):
+    """The rule of `visible` as a FlexAttention BlockMask over B rows of per-token metadata
+    (block, state, segment each (B, T) int64), for `orl.model.transformer.Transformer.forward`'s
+    ``mask``: the packed replay of docs/method.md 3.5 without a (B, T, T) tensor, and with the tiles
+    no query can see skipped. ``block_size`` is FlexAttention's tile (128; smaller for tiny tests)."""
+    from torch.nn.attention.flex_attention import create_block_mask  # noqa: PLC0415
+
+    def mask_mod(b, h, q, k):
+        qb, qs, qg = block[b, q], state[b, q], segment[b, q]
+        kb, ks, kg = block[b, k], state[b, k], segment[b, k]
+        k_clean = ks < 0
+        clean_rule = k_clean & (kb <= qb)
+        noisy_rule = (k_clean & (kb < qb)) | (ks == qs)
+        return (qg == kg) & torch.where(qs < 0, clean_rule, noisy_rule)
+
+    B, T = block.shape
+    return create_block_mask(mask_mod, B, None, T, T, device=block.device, BLOCK_SIZE=block_size)
+

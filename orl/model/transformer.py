@@ -84,7 +84,11 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if positions.dim() == 1:
             positions = positions[None].expand(B, T)
-        if mask.dim() == 2:
+        if not isinstance(mask, torch.Tensor):  # a FlexAttention BlockMask (packed replay)
+            if cache is not None or "sliding" in cfg.layer_types:
+                raise NotImplementedError("a BlockMask serves full-attention layers without a cache (packed "
+                                          "replay); pass a dense bool mask for cached or sliding-window forwards")
+        elif mask.dim() == 2:
             mask = mask[None]
         if int(positions.max()) >= cfg.max_position:
             raise ValueError(f"position {int(positions.max())} exceeds max_position {cfg.max_position}; "

@@ -40,6 +40,7 @@ import torch
 
 from ..decode import DecodeConfig, DecodeOutput, decode, protocol
 from ..decode.rng import CounterRNG, TorchRNG
+from ..decode.tpf import tpf
 from ..model import build_model, find_size, load_pretrained
 from ..tokenizer import load_tokenizer
 
@@ -109,6 +110,7 @@ class LLM:
             raise ValueError(f"rng must be 'torch' (torch.Generator) or 'counter' (the runtime's stream), got {rng!r}")
         self.rng = rng
         self.engine, self.engine_max_len, self._runtime = engine, engine_max_len, None
+        self._runtimes: dict = {}  # batch size -> Runtime (``_runtime`` is the batch-1 one)
         self.name = model
         self.device = device
         dt = resolve_dtype(dtype, device)
@@ -230,8 +232,9 @@ class LLM:
     def uses_runtime(self, cfg: DecodeConfig, n_prompt: int) -> bool:
         """Whether a request with ``cfg`` goes to the fast runtime (see ``engine``): the model's
         block size, prompt + budget (whole blocks) + one block within ``engine_max_len``, and
-        SDAR/LLaDA: a greedy threshold/topk/llada rule; DiffusionGemma: rule "dgemma", sampled or
-        greedy, on a model of the shape `CanvasRule` is built for (`_dgemma_runtime_fits`).
+        SDAR/LLaDA: a threshold/topk/llada rule, greedy or sampled (in the graph, from the counter
+        RNG); DiffusionGemma: rule "dgemma", sampled or greedy, on a model of the shape `CanvasRule`
+        is built for (`_dgemma_runtime_fits`).
         Stop strings, EOS, streaming, cancellation and seeds never decide (module docstring)."""
         if self.engine == "reference" or (self.engine == "auto" and not str(self.device).startswith("cuda")):
             return False
@@ -242,26 +245,31 @@ class LLM:
         if mcfg.noise == "uniform":
             # the counter RNG samples inside the loop, so temperature does not matter here
             return cfg.rule == "dgemma" and _dgemma_runtime_fits(mcfg)
-        return mcfg.noise == "mask" and cfg.temperature == 0 and cfg.rule in ("threshold", "topk", "llada")
+        return mcfg.noise == "mask" and cfg.rule in ("threshold", "topk", "llada")
 
     def _decode(self, prompt_ids: list[int], cfg: DecodeConfig, eos_ids: list[int], seed: int | None,
-                on_block: Callable) -> DecodeOutput:
-        """The one call into a decoder: the runtime when `uses_runtime`, else the reference decoder.
+                on_block: Callable, rows: int = 1) -> DecodeOutput:
+        """The one call into a decoder: the runtime when `uses_runtime`, else the reference decoder,
+        for ``rows`` samples of the prompt (one launch per block for all of them on the runtime).
         ``seed`` None: fresh random numbers from torch's global RNG (so torch.manual_seed still
-        makes an unseeded sampled request reproducible, with either decoder)."""
+        makes an unseeded sampled request reproducible, with either decoder); on the counter stream
+        row r draws from seed + r."""
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             if self.uses_runtime(cfg, len(prompt_ids)):
-                if self._runtime is None:
+                rt = self._runtimes.get(rows)
+                if rt is None:  # one runtime per batch size, kept (graphs and cache are per shape)
                     from ..engine.runtime import Runtime  # noqa: PLC0415 - only when used
-                    self._runtime = Runtime(self.model, cfg.block_size, max_len=self.engine_max_len)
-                return self._runtime.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block,
-                                            seed=_counter_seed(seed) if self.model.config.noise == "uniform" else 0)
+                    rt = self._runtimes[rows] = Runtime(self.model, cfg.block_size, max_len=self.engine_max_len,
+                                                        batch=rows)
+                    if rows == 1:
+                        self._runtime = rt
+                return rt.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block, seed=_counter_seed(seed, rows))
             if self.rng == "counter":
-                rng = CounterRNG(_counter_seed(seed))
+                rng = CounterRNG(_counter_seed(seed, rows))
             else:
                 rng = TorchRNG(torch.Generator().manual_seed(seed) if seed is not None else None)
-            return decode(self.model, prompt, cfg, eos_ids=eos_ids, rng=rng, on_block=on_block)
+            return decode(self.model, prompt.expand(rows, -1), cfg, eos_ids=eos_ids, rng=rng, on_block=on_block)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                  stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
@@ -317,6 +325,57 @@ class LLM:
                           request_tps=len(completion) / max(latency, 1e-9), latency_s=latency,
                           prompt_tokens=len(ids), completion_tokens=len(completion))
 
+    def generate_n(self, prompt: Prompt, n: int, max_new_tokens: int = 256, temperature: float | None = 0.0,
+                   stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
+                   cancel: threading.Event | None = None) -> list[Generation]:
+        """``n`` samples of one prompt in one decode (OpenAI's ``n``): the runtime decodes the n rows
+        in one launch per block (prefilling the prompt once), the reference decoder as n rows. Each
+        sample has its own stop strings, EOS and finish reason; forwards and TPF are per sample,
+        latency the decode's. ``cancel`` stops all of them at the next block boundary."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        ids = self.encode(prompt)
+        self.check_lengths(len(ids), max_new_tokens)
+        temperature = self.decode_config.temperature if temperature is None else temperature
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature)
+        eos = [] if ignore_eos else self.eos_ids
+        texts = [_IncrementalText(self._text, max_new_tokens, eos, stops) for _ in range(n)]
+        flags = {"cancelled": False}
+
+        def on_block(b: int, canvas: torch.Tensor) -> bool:
+            for r, t in enumerate(texts):
+                t.add(canvas[r].tolist())
+            if cancel is not None and cancel.is_set():
+                flags["cancelled"] = True
+            return not (flags["cancelled"] or all(t.stopped or t.full for t in texts))
+
+        if seed is None and temperature == 0:
+            seed = 0
+        t0 = time.perf_counter()
+        out = self._decode(ids, cfg, eos, seed, on_block, rows=n)
+        latency = time.perf_counter() - t0
+        gens = []
+        for r, text in enumerate(texts):
+            text.flush()
+            if text.stopped or text.hit_eos:
+                finish = "stop"
+            elif flags["cancelled"] and out.finish_reason[r] == "cancelled" and not text.full:
+                finish = "cancelled"
+            else:
+                finish = "length"
+            completion = text.completion_ids()
+            f, fnc = out.forwards(r, True), out.forwards(r, False)
+            gens.append(Generation(text=text.text, token_ids=completion, finish_reason=finish,
+                                   tpf=tpf(len(out.tokens[r]), f) or 0.0, tpf_no_commit=tpf(len(out.tokens[r]), fnc) or 0.0,
+                                   forwards=f, forwards_no_commit=fnc, request_tps=len(completion) / max(latency, 1e-9),
+                                   latency_s=latency, prompt_tokens=len(ids), completion_tokens=len(completion)))
+        return gens
+
     def stream(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                stop: str | list[str] | None = None, seed: int | None = None, *,
                ignore_eos: bool = False) -> "Stream":
@@ -335,14 +394,14 @@ def _dgemma_runtime_fits(mcfg) -> bool:
                                                  (mcfg.pathway == "mlp" and mcfg.pathway_where == "canvas"))
 
 
-def _counter_seed(seed: int | None) -> int:
+def _counter_seed(seed: int | None, rows: int = 1) -> int:
     """The DiffusionGemma runtime's counter-RNG seed for a request seed: requests may carry any
     64-bit seed (the server accepts -2^63 .. 2^64 - 1, as torch.Generator does), the runtime takes
     [0, 2^62) and hashes only the low 32 bits of it, so seeds equal mod 2^32 sample the same text.
     None: drawn from torch's global RNG, as the reference decoder draws without a generator."""
     if seed is None:
-        return int(torch.randint(1 << 62, (1,)))
-    return seed % (1 << 62)
+        return int(torch.randint((1 << 62) - rows, (1,)))
+    return seed % ((1 << 62) - rows)  # rows seed .. seed + rows - 1 stay in range
 
 
 _DONE = object()

@@ -131,10 +131,16 @@ class Scheduler:
                 self.starts.append(job.tag or job.id)
             t0 = time.perf_counter()
             try:
-                gen = self.llm.generate(**job.kwargs, on_text=lambda d, j=job: j.emit("text", d),
-                                        cancel=job.cancel)
-                self.counts["cancelled" if gen.finish_reason == "cancelled" else "completed"] += 1
-                self.finished.append((job.id, job.tag, gen.finish_reason, gen.completion_tokens))
+                kw = dict(job.kwargs)
+                n = kw.pop("n", 1)
+                if n > 1:  # n samples of one prompt: one batched decode, no streaming
+                    gen = self.llm.generate_n(n=n, **kw, cancel=job.cancel)
+                    first = gen[0]
+                else:
+                    gen = first = self.llm.generate(**kw, on_text=lambda d, j=job: j.emit("text", d),
+                                                    cancel=job.cancel)
+                self.counts["cancelled" if first.finish_reason == "cancelled" else "completed"] += 1
+                self.finished.append((job.id, job.tag, first.finish_reason, first.completion_tokens))
                 job.emit("done", gen)
             except Exception as e:  # a failed request must not take the worker down
                 log.exception("request %s failed", job.id)

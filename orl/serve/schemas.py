@@ -127,7 +127,8 @@ class ChatRequest(_Common):
 # which tokens commit, there is no nucleus), parallel_tool_calls, user (only logged), name.
 IGNORED = ("top_p", "parallel_tool_calls")
 # Fields accepted only at their no-op value; anything else is a 400 naming the field.
-DEFAULT_ONLY = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+MAX_N = 16  # samples per request (OpenAI's n), decoded as one batch
+DEFAULT_ONLY = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0),
                 "logit_bias": (None, {}), "echo": (None, False), "logprobs": (None, False, 0),
                 "best_of": (None, 1), "suffix": (None, ""), "top_logprobs": (None, 0), "tools": (None, [])}
 _FIELD_NAMES = {f for m in (CompletionRequest, ChatRequest, Message, TextPart, StreamOptions, ResponseFormat)
@@ -198,6 +199,12 @@ def parse_request(body: bytes, content_type: str | None, schema: type[_Common]) 
         if value not in allowed:  # pydantic already checked the type (strict: no bool for int)
             raise RequestError(f"{name}={json.dumps(value)[:100]} is not supported by this server; omit it",
                                param=name, code="unsupported")
+    if (req.n or 1) > MAX_N:
+        raise RequestError(f"n={req.n} is more than this server decodes at once ({MAX_N}); lower n", param="n",
+                           code="unsupported")
+    if (req.n or 1) > 1 and req.stream:
+        raise RequestError("n > 1 with stream=true is not supported; stream one sample per request, or set "
+                           "stream=false", param="n", code="unsupported")
     if isinstance(req, CompletionRequest) and isinstance(req.prompt, list) and len(req.prompt) != 1:
         raise RequestError(f"prompt must be one string (got a list of {len(req.prompt)}); batched prompts are "
                            "not supported, send one request per prompt", param="prompt")

@@ -60,13 +60,23 @@ class _Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def full(self, gen) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": gen.finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": gen.text}
-        else:
-            choice["text"] = gen.text
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": _usage(gen), "metrics": _metrics(gen)}
+        """The response to one Generation, or to the list of n samples of one request (``n``: one
+        choice each, usage summed over them, the prompt counted once; metrics of the first)."""
+        gens = gen if isinstance(gen, list) else [gen]
+        choices = []
+        for i, g in enumerate(gens):
+            choice = {"index": i, "logprobs": None, "finish_reason": g.finish_reason}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": g.text}
+            else:
+                choice["text"] = g.text
+            choices.append(choice)
+        usage = _usage(gens[0])
+        if len(gens) > 1:
+            done = sum(g.completion_tokens for g in gens)
+            usage = {**usage, "completion_tokens": done, "total_tokens": usage["prompt_tokens"] + done}
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": choices,
+                "usage": usage, "metrics": _metrics(gens[0])}
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
         choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish}
@@ -151,7 +161,7 @@ def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int |
             return error_response(400, str(e), param=param,
                                   code="context_length_exceeded" if hasattr(e, "param") else None)
         job = Job(kwargs=dict(prompt=prompt, max_new_tokens=max_tokens, temperature=req.temperature_value(),
-                              stop=req.stop, seed=req.seed, ignore_eos=bool(req.ignore_eos)),
+                              stop=req.stop, seed=req.seed, ignore_eos=bool(req.ignore_eos), n=req.n or 1),
                   loop=asyncio.get_running_loop(), tag=req.user)
         try:
             scheduler.submit(job)

@@ -65,6 +65,8 @@ class ORLConfig:
     rollout_rng: str = "torch"        # the reference decoder's stream: "torch" (a torch.Generator per prompt)
                                       # or "counter" (the runtime's: both decoders then take the same rollouts)
     max_prompt_tokens: int = 1024     # the runtime's KV cache holds this + max_new_tokens + two blocks per row
+    replay_attention: str = "dense"   # packed replay's mask: "dense" (B, T, T) for SDPA, or "flex" (a FlexAttention
+                                      # BlockMask that skips invisible tiles; CUDA: no FlexAttention backward on CPU)
     out: str = "runs/orl"
     save_every: int = 25
     log_every: int = 1
@@ -110,6 +112,11 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
     from ..tasks.registry import get_task  # noqa: PLC0415
     from transformers import AutoTokenizer  # noqa: PLC0415
 
+    if cfg.replay_attention not in ("dense", "flex"):
+        raise ValueError(f"replay_attention must be 'dense' or 'flex', got {cfg.replay_attention!r}")
+    if cfg.replay_attention == "flex" and not str(cfg.device).startswith("cuda"):
+        raise ValueError("replay_attention='flex' needs device='cuda' (FlexAttention has no backward on the CPU); "
+                         "use replay_attention='dense' on the CPU")
     rank, world = _world()
     if not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json")):
         raise FileNotFoundError(f"ORL start model {cfg.init!r} not found; train a base with `orl sft` and make "
@@ -186,11 +193,12 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
             n_train_tok = int(batch.tokens.numel())
             fw = dict(residual=batch.residual, residual_where=batch.residual_where,
                       residual_weight=batch.residual_weight)
-            logits = batch.gather(model(batch.tokens, batch.positions, batch.mask, **fw))
+            mask = batch.mask if cfg.replay_attention == "dense" else batch.block_mask()
+            logits = batch.gather(model(batch.tokens, batch.positions, mask, **fw))
             ref = None
             if frozen is not None:
                 with torch.no_grad():
-                    ref = batch.gather(frozen(batch.tokens, batch.positions, batch.mask, **fw))
+                    ref = batch.gather(frozen(batch.tokens, batch.positions, mask, **fw))
             loss, m = orl_loss(logits, batch.targets, batch.unresolved, batch.resp, batch.pairs,
                                batch.n_responses, cfg.loss, ref_logits=ref, ref_ids=batch.ref_ids,
                                ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy, committed=batch.committed)

@@ -48,6 +48,13 @@ class PackedBatch:
     ref_logp: torch.Tensor | None = None    # (S, K, k)
     ref_entropy: torch.Tensor | None = None  # (S, K)
     committed: torch.Tensor | None = None    # (S, K) bool what the rollout committed at each state
+    meta: torch.Tensor | None = None         # (B, 3, T) per-token block, state, segment (the mask's inputs)
+
+    def block_mask(self, block_size: int = 128):
+        """The rows' visibility as a FlexAttention BlockMask (`orl.model.masks.staircase_block_mask`):
+        the fast twin of ``mask`` (dense (B, T, T))."""
+        from ..model.masks import staircase_block_mask  # noqa: PLC0415
+        return staircase_block_mask(self.meta[:, 0], self.meta[:, 1], self.meta[:, 2], block_size)
 
     def to(self, device) -> "PackedBatch":
         """The same batch with every tensor on ``device``."""
@@ -108,8 +115,10 @@ def _row_pieces(sel: Selection, K: int, clean_attention: str, minimal_for: int |
 
 
 def pack(selections: list[Selection], K: int, clean_attention: str = "block", mode: str = "packed",
-         max_row_tokens: int = 2048, pad_id: int = 0) -> PackedBatch:
-    """Lay selected states out as rows; ``mode`` in {"packed", "per_response", "per_state"}."""
+         max_row_tokens: int = 2048, pad_id: int = 0, cost_cfg=None) -> PackedBatch:
+    """Lay selected states out as rows; ``mode`` in {"packed", "per_response", "per_state"}.
+    ``cost_cfg`` (a model config; "packed" only): fill rows by estimated cost, costliest units
+    first (`orl.train.balance.pack_by_cost`), instead of in order."""
     if mode not in ("packed", "per_response", "per_state"):
         raise ValueError(f"unknown pack mode {mode!r}")
     units = []  # (response index, selection, minimal_for)
@@ -120,6 +129,14 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
             units.append((ri, sel, None))
     rows: list[list] = [[]]
     lengths = [0]
+    if cost_cfg is not None and mode == "packed":
+        from .balance import estimate_cost, pack_by_cost  # noqa: PLC0415
+        pieces = [(u, *_row_pieces(u[1], K, clean_attention, u[2])) for u in units]
+        costs = [estimate_cost(len(p[1]), int(p[2].mask().sum()), cost_cfg) for p in pieces]
+        order = pack_by_cost(costs, [len(p[1]) for p in pieces], max_row_tokens)
+        rows = [[pieces[i] for i in r] for r in order]
+        lengths = [sum(len(pieces[i][1]) for i in r) for r in order]
+        units = []
     for u in units:
         toks, lay, st, starts = _row_pieces(u[1], K, clean_attention, u[2])
         if mode == "packed" and lengths[-1] and lengths[-1] + len(toks) > max_row_tokens:
@@ -137,6 +154,7 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
     tokens = torch.full((B, T), pad_id, dtype=torch.long)
     positions = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, T, dtype=torch.bool)
+    meta = torch.zeros(B, 3, T, dtype=torch.long)
     residual = torch.zeros(B, T, D) if D else None
     where = torch.zeros(B, T, dtype=torch.bool)
     weight = torch.zeros(B, T)
@@ -183,6 +201,7 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
                                          -1 - torch.arange(pad), torch.zeros(pad, dtype=torch.long)))
         positions[b] = lay_all.positions
         mask[b] = lay_all.mask()
+        meta[b] = torch.stack([lay_all.block, lay_all.state, lay_all.segment])
     if mode == "per_state":  # pairs refer to states by (response, index in selection)
         base, offs = 0, []
         for sel in selections:
@@ -194,4 +213,5 @@ def pack(selections: list[Selection], K: int, clean_attention: str = "block", mo
         torch.tensor(st_row), torch.tensor(st_start), torch.stack(targets), torch.stack(unres), torch.tensor(resp),
         torch.tensor(pairs, dtype=torch.long).view(-1, 2), len(selections),
         torch.stack(ref_ids) if len(ref_ids) == sid and sid else None,
-        torch.stack(ref_logp) if len(ref_logp) == sid and sid else None, torch.stack(ref_h), torch.stack(commits))
+        torch.stack(ref_logp) if len(ref_logp) == sid and sid else None, torch.stack(ref_h), torch.stack(commits),
+        meta)
