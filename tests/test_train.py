@@ -175,3 +175,55 @@ def test_lr_schedule():
     assert lr_factor(104, ORLConfig(steps=105, warmup=5)) == 1.0
     with pytest.raises(ValueError, match="lr_schedule"):
         lr_factor(0, ORLConfig(lr_schedule="cosine"))
+
+
+def test_layer_checkpointing_gives_the_same_gradients():
+    """Activation checkpointing per layer recomputes the same activations: identical loss and gradients."""
+    m = build_model(get_config("sdar", "tiny"), seed=4)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(5, 60, (2, 12), generator=g)
+    z = torch.randn(2, 12, m.config.hidden_size, generator=g)
+    mask = torch.rand(12, 12, generator=g) > 0.3
+    mask |= torch.eye(12, dtype=torch.bool)
+    out = []
+    for ck in (False, True):
+        m.zero_grad()
+        m.checkpoint_layers = ck
+        loss = m(x, torch.arange(12), mask, residual=z, residual_where=torch.ones(2, 12, dtype=torch.bool)).logsumexp(-1).mean()
+        loss.backward()
+        out.append((loss.item(), [p.grad.clone() for p in m.parameters()]))
+    assert out[0][0] == out[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
+
+
+def test_bf16_precision_and_anchor_keep_float32_master_weights(tmp_path, monkeypatch):
+    """precision='bf16' (autocast replay) with a bf16 frozen anchor: the saved weights stay float32,
+    the steps train, and the first step's loss is within bf16 rounding of the float32 run's."""
+    monkeypatch.syspath_prepend(FIXTURES)
+    start = _start(tmp_path)
+    losses = {}
+    for prec in ("fp32", "bf16"):
+        cfg = _coin(orl_arith_smoke(start, str(tmp_path / prec)))
+        cfg.steps, cfg.loss.anchor = 2, "frozen"
+        if prec == "bf16":
+            cfg.precision, cfg.anchor_dtype, cfg.checkpoint_layers = "bf16", "bfloat16", True
+        train_orl(cfg, resume=False, quiet=True)
+        w = _weights(tmp_path / prec / "final")
+        assert all(v.dtype == torch.float32 for v in w.values())
+        assert not _same(w, _weights(start))
+        rows = [__import__("json").loads(line) for line in open(tmp_path / prec / "metrics.jsonl")]
+        losses[prec] = [r["loss"] for r in rows if "loss" in r]
+    assert losses["fp32"] and len(losses["fp32"]) == len(losses["bf16"])
+    assert losses["bf16"][0] == pytest.approx(losses["fp32"][0], rel=0.03)
+
+
+def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
+    from orl.train import loop  # noqa: PLC0415
+    monkeypatch.syspath_prepend(FIXTURES)
+    cfg = _coin(orl_arith_smoke(_start(tmp_path), str(tmp_path / "oom")))
+
+    def boom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(loop, "_rollouts", boom)
+    with pytest.raises(RuntimeError, match="prompts_per_step=2 x group_size=3.*checkpoint_layers"):
+        train_orl(cfg, resume=False, quiet=True)

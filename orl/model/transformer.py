@@ -38,6 +38,8 @@ class Body(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        # activation checkpointing per layer (a memory setting of whoever trains the model, off by default)
+        self.checkpoint_layers = False
         self.config = cfg
         self.model = Body(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -103,8 +105,13 @@ class Transformer(nn.Module):
             kpos = cache.key_positions(positions) if cache is not None else positions
             masks["sliding"] = sliding_window_mask(mask, positions, kpos, cfg.sliding_window)
         canvas = residual_where if cfg.layer_scalar else None
+        ckpt = self.checkpoint_layers and torch.is_grad_enabled() and cache is None
         for layer, kind in zip(self.model.layers, cfg.layer_types):
-            h = layer(h, *rope[kind], masks[kind], cache, store_kv, canvas)
+            if ckpt:  # keep only each layer's input; recompute its activations in the backward
+                h = torch.utils.checkpoint.checkpoint(layer, h, *rope[kind], masks[kind], None, False, canvas,
+                                                      use_reentrant=False)
+            else:
+                h = layer(h, *rope[kind], masks[kind], cache, store_kv, canvas)
         if cache is not None and store_kv:
             cache.advance(positions)
         logits = self.lm_head(self.model.norm(h))

@@ -65,6 +65,10 @@ class ORLConfig:
     rollout_rng: str = "torch"        # the reference decoder's stream: "torch" (a torch.Generator per prompt)
                                       # or "counter" (the runtime's: both decoders then take the same rollouts)
     max_prompt_tokens: int = 1024     # the runtime's KV cache holds this + max_new_tokens + two blocks per row
+    precision: str = "fp32"           # "bf16": replay forward + backward under bf16 autocast; the master weights and
+                                      # AdamW state stay float32 (docs/method.md 3.2); "fp32": everything float32
+    checkpoint_layers: bool = False   # activation checkpointing per decoder layer in the replay (memory for compute)
+    anchor_dtype: str = "float32"     # the frozen anchor copy (loss.anchor="frozen"): "bfloat16" halves its memory
     replay_attention: str = "dense"   # packed replay's mask: "dense" (B, T, T) for SDPA, or "flex" (a FlexAttention
                                       # BlockMask that skips invisible tiles; CUDA: no FlexAttention backward on CPU)
     out: str = "runs/orl"
@@ -89,6 +93,34 @@ def _world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _oom(phase: str, step: int, cfg: ORLConfig, shape) -> RuntimeError:
+    """The out-of-memory error of a step, naming the knobs that shrink it."""
+    rows = "" if shape is None else f" (replay batch {tuple(shape)})"
+    return RuntimeError(
+        f"out of memory in {phase} of ORL step {step}{rows}. Lower the rollouts per step (prompts_per_step="
+        f"{cfg.prompts_per_step} x group_size={cfg.group_size}), the replay row length (max_row_tokens="
+        f"{cfg.max_row_tokens}), the states per response (states_per_response={cfg.states_per_response}) or "
+        f"decode.max_new_tokens={cfg.decode.max_new_tokens}; or turn on checkpoint_layers=True, precision='bf16', "
+        f"anchor_dtype='bfloat16' / loss.anchor='rollout' (no frozen copy), rollout_dtype='bfloat16'.")
+
+
+def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, mine, runtime) -> list:
+    """This rank's groups of the step: G rollouts of each of its prompts, captured and verified."""
+    rolls = []
+    for i in mine:
+        prob = task.sample("train", i) if train_problems else pool[i % len(pool)]
+        g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
+        seed = (cfg.seed * 7_919 + i) * cfg.group_size  # the group's counter streams: rows seed .. seed + G - 1
+        rolls += rollout_group(policy, tok, task, prob, cfg.group_size, cfg.decode, generator=g,
+                               topk=cfg.topk_stats if cfg.loss.anchor == "rollout" else 0, chat=cfg.chat,
+                               runtime=runtime, seed=seed,
+                               rng=CounterRNG(seed) if cfg.rollout_rng == "counter" else None)
+    return rolls
 
 
 def _rollout_runtime(cfg: ORLConfig, policy, device: str):
@@ -130,7 +162,11 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
         torch.cuda.set_device(device)
     model = load_pretrained(cfg.init, device=device)
-    frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.loss.anchor == "frozen" else None
+    model.checkpoint_layers = cfg.checkpoint_layers
+    frozen = None
+    if cfg.loss.anchor == "frozen":  # no gradients, and optionally in bf16: not a second full-precision model
+        frozen = copy.deepcopy(model).to(_DTYPES[cfg.anchor_dtype]).eval().requires_grad_(False)
+        frozen.checkpoint_layers = False
     behaviour = copy.deepcopy(model).eval().requires_grad_(False) if cfg.stale_every > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     step = 0
@@ -162,15 +198,10 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts)
         ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
         mine = [i for j, i in enumerate(ids) if j % world == rank]
-        rolls = []
-        for i in mine:
-            prob = task.sample("train", i) if train_problems else pool[i % len(pool)]
-            g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
-            seed = (cfg.seed * 7_919 + i) * cfg.group_size  # the group's counter streams: rows seed .. seed + G - 1
-            rolls += rollout_group(policy, tok, task, prob, cfg.group_size, cfg.decode, generator=g,
-                                   topk=cfg.topk_stats if cfg.loss.anchor == "rollout" else 0, chat=cfg.chat,
-                                   runtime=runtime, seed=seed,
-                                   rng=CounterRNG(seed) if cfg.rollout_rng == "counter" else None)
+        try:
+            rolls = _rollouts(cfg, policy, tok, task, pool, train_problems, mine, runtime)
+        except torch.OutOfMemoryError as e:
+            raise _oom("the rollouts", step, cfg, None) from e
         t_roll = time.time() - t0
         # ---- 2. verify: only rewarded rollouts supervise
         verified = [r for r in rolls if r.reward >= 1.0]
@@ -194,15 +225,22 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
             fw = dict(residual=batch.residual, residual_where=batch.residual_where,
                       residual_weight=batch.residual_weight)
             mask = batch.mask if cfg.replay_attention == "dense" else batch.block_mask()
-            logits = batch.gather(model(batch.tokens, batch.positions, mask, **fw))
-            ref = None
-            if frozen is not None:
-                with torch.no_grad():
-                    ref = batch.gather(frozen(batch.tokens, batch.positions, mask, **fw))
-            loss, m = orl_loss(logits, batch.targets, batch.unresolved, batch.resp, batch.pairs,
-                               batch.n_responses, cfg.loss, ref_logits=ref, ref_ids=batch.ref_ids,
-                               ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy, committed=batch.committed)
-            (loss * len(sels) / max(n_global, 1.0)).backward()
+            try:
+                with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+                    logits = batch.gather(model(batch.tokens, batch.positions, mask, **fw))
+                    ref = None
+                    if frozen is not None:
+                        with torch.no_grad():
+                            fz = {k: (v.to(_DTYPES[cfg.anchor_dtype]) if v is not None and v.is_floating_point() else v)
+                                  for k, v in fw.items()}
+                            ref = batch.gather(frozen(batch.tokens, batch.positions, mask, **fz))
+                loss, m = orl_loss(logits.float(), batch.targets, batch.unresolved, batch.resp, batch.pairs,
+                                   batch.n_responses, cfg.loss, ref_logits=None if ref is None else ref.float(),
+                                   ref_ids=batch.ref_ids, ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy,
+                                   committed=batch.committed)
+                (loss * len(sels) / max(n_global, 1.0)).backward()
+            except torch.OutOfMemoryError as e:
+                raise _oom("the replay (forward + backward)", step, cfg, batch.tokens.shape) from e
         if world > 1:
             for p in model.parameters():
                 if p.grad is None:
