@@ -1,6 +1,5 @@
 """The `LLM` API on tiny random models: generate == stream, stop strings, cancellation, length
 errors, chat templates, and the incremental-text rules (EOS / budget cut, stop-prefix hold-back)."""
-import contextlib
 import dataclasses
 
 import pytest
@@ -8,37 +7,12 @@ import pytest
 from orl import LLM
 from orl.serve.llm import ContextLengthError, _IncrementalText
 from orl.tokenizer import build_char_tokenizer
+from holding import held_after_text
 
 
 @pytest.fixture(scope="module")
 def llm(make_speaking_llm):
     return make_speaking_llm()
-
-
-@contextlib.contextmanager
-def held_after_first_text(llm):
-    """While open: every decode of ``llm`` stops after its first text increment until it is
-    cancelled, so a cancel always arrives mid-decode (not only when the consumer thread happens
-    to be quicker than the decoder)."""
-    real = llm.generate
-
-    def generate(*args, on_text=None, cancel=None, **kw):
-        seen = [0]
-
-        def hold(delta):
-            out = on_text(delta) if on_text is not None else None
-            seen[0] += 1
-            if seen[0] == 1 and cancel is not None:
-                cancel.wait(30)
-            return out
-
-        return real(*args, on_text=hold, cancel=cancel, **kw)
-
-    llm.generate = generate
-    try:
-        yield
-    finally:
-        del llm.generate  # back to the class's method
 
 
 def test_generate_equals_stream_greedy(llm):
@@ -78,7 +52,7 @@ def test_stop_strings(llm):
 
 
 def test_cancel_stream_at_block_boundary(llm):
-    with held_after_first_text(llm), llm.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
+    with held_after_text(llm), llm.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
         next(s)
     g = s.result
     assert g.finish_reason == "cancelled" and g.completion_tokens < 400
@@ -166,7 +140,7 @@ def test_runtime_engine_equals_reference(make_speaking_llm, name):
         ref.generate("hello", max_new_tokens=40, ignore_eos=True, stop=stop).text
     full = fast.generate("hello", max_new_tokens=40, ignore_eos=True).text
     assert "".join(fast.stream("hello", max_new_tokens=40, ignore_eos=True)) == full
-    with held_after_first_text(fast), fast.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
+    with held_after_text(fast), fast.stream("hello", max_new_tokens=400, ignore_eos=True) as s:
         next(s)
     assert s.result.finish_reason == "cancelled" and s.result.completion_tokens < 400
     # sampled requests run in the runtime's graph, from the counter stream: with rng="counter" the

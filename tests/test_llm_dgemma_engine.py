@@ -10,7 +10,6 @@ same text on every repeat (and unseeded greedy is seed 0); requests the runtime 
 long for ``engine_max_len``, another block size, a model shape it is not built for, engine "auto" on
 the CPU) go to the reference decoder and give its text.
 """
-import contextlib
 import dataclasses
 import math
 
@@ -19,6 +18,7 @@ import torch
 
 from orl import LLM
 from orl.engine.rules import CanvasRule
+from holding import held_after_text
 
 STEPS = 6  # rounds per canvas: keeps each request to a few dozen tiny forwards
 
@@ -46,32 +46,6 @@ def _speaking(engine: str = "reference", **kw) -> LLM:
             layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=g))
             layer.canvas_layer_scalar.copy_(0.5 + torch.rand(1, generator=g))
     return llm
-
-
-@contextlib.contextmanager
-def held_after_first_text(llm):
-    """While open: every decode of ``llm`` stops after its first text increment until it is
-    cancelled, so a cancel always arrives mid-decode (not only when the consumer thread happens
-    to be quicker than the decoder)."""
-    real = llm.generate
-
-    def generate(*args, on_text=None, cancel=None, **kw):
-        seen = [0]
-
-        def hold(delta):
-            out = on_text(delta) if on_text is not None else None
-            seen[0] += 1
-            if seen[0] == 1 and cancel is not None:
-                cancel.wait(30)
-            return out
-
-        return real(*args, on_text=hold, cancel=cancel, **kw)
-
-    llm.generate = generate
-    try:
-        yield
-    finally:
-        del llm.generate  # back to the class's method
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +149,7 @@ def test_stop_strings_streaming_and_cancellation(pair):
     assert "".join(parts) == g.text == s.result.text and s.result.token_ids == g.token_ids
     parts = list(fast.stream("hello", **kw))
     assert len(parts) > 1 and "".join(parts) == full.text  # one increment per committed canvas
-    with held_after_first_text(fast), fast.stream("hello", max_new_tokens=400, ignore_eos=True, seed=9) as s:
+    with held_after_text(fast), fast.stream("hello", max_new_tokens=400, ignore_eos=True, seed=9) as s:
         next(s)
     assert s.result.finish_reason == "cancelled" and s.result.completion_tokens < 400
     seen = []

@@ -1,7 +1,6 @@
 """The HTTP server, for real: uvicorn on a free loopback port in a thread, a tiny random model,
 the official `openai` client for the happy paths and raw httpx for malformed requests, queueing
 (FIFO order, 429 when full), disconnect cancellation and recovery from a failed decode."""
-import contextlib
 import json
 import socket
 import threading
@@ -13,6 +12,7 @@ import pytest
 import uvicorn
 
 from orl.serve.server import create_app
+from holding import held_after_text
 
 MODEL = "sdar/tiny"
 
@@ -75,34 +75,6 @@ class Gate:
     def open(self):
         self.event.set()
         self.handle.remove()
-
-
-@contextlib.contextmanager
-def held_after_text(llm, sched, tag, n):
-    """While open: the decode of the request tagged ``tag`` stops after its ``n``-th text increment
-    and waits until the server cancels it, so a cancellation always arrives mid-decode, however
-    fast the decoder is (no sleep that hopes the client is quicker)."""
-    real = llm.generate
-
-    def generate(*args, on_text=None, cancel=None, **kw):
-        if sched.running is None or sched.running.tag != tag:
-            return real(*args, on_text=on_text, cancel=cancel, **kw)
-        seen = [0]
-
-        def hold(delta):
-            out = on_text(delta) if on_text is not None else None
-            seen[0] += 1
-            if seen[0] == n:
-                cancel.wait(30)  # set by the server once it sees the client gone
-            return out
-
-        return real(*args, on_text=hold, cancel=cancel, **kw)
-
-    llm.generate = generate
-    try:
-        yield
-    finally:
-        del llm.generate  # back to the class's method
 
 
 def _post(url, body, **kw):
@@ -272,7 +244,7 @@ def test_full_queue_answers_429(make_speaking_llm):
 
 def test_disconnect_mid_stream_cancels(llm, server):
     sched = server.app.state.scheduler
-    with held_after_text(llm, sched, "leaver", 2):  # two chunks out, then the decode waits for the cancel
+    with held_after_text(llm, 2, only=lambda: sched.running is not None and sched.running.tag == "leaver"):  # two chunks out, then the decode waits for the cancel
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "stream": True, "ignore_eos": True,
                 "user": "leaver"}
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:

@@ -36,7 +36,23 @@ def _buf(dev, *shape, dtype=torch.long):
     return torch.zeros(*shape, dtype=dtype, device=dev)
 
 
-class MaskRule:
+class _Rule:
+    """What both rules share: the request's key (its second entry: the residual pathway is on) and the
+    counter RNG whose state a graph capture's warm-up must leave as it was."""
+
+    key: tuple
+    counter: torch.Tensor
+
+    @property
+    def use_residual(self) -> bool:
+        return self.key[1]
+
+    def saved(self) -> list:
+        """Buffers a capture's warm-up must leave as they were (it must not consume random numbers)."""
+        return [self.counter]
+
+
+class MaskRule(_Rule):
     """SDAR "threshold" / "topk" and LLaDA "llada" on a mask-diffusion model (module docstring):
     the same operations as `orl.decode.block.decode` for those rules, for B rows, greedy or sampled
     (temperature; the sample is the inverse CDF of one counter-RNG uniform per position, as
@@ -78,14 +94,6 @@ class MaskRule:
         same = rtemp == 1.0 and cfg.temperature in (0.0, 1.0)
         self.key = (cfg.rule, use_res, rtemp, cfg.temperature > 0, same)
         return self.key
-
-    @property
-    def use_residual(self) -> bool:
-        return self.key[1]
-
-    def saved(self) -> list:
-        """Buffers a capture's warm-up must leave as they were (it must not consume random numbers)."""
-        return [self.counter]
 
     def begin(self, rt) -> None:
         """A fresh canvas of mask tokens for every row; rows already done stay idle. The residual of
@@ -182,7 +190,7 @@ class MaskRule:
         return take
 
 
-class CanvasRule:
+class CanvasRule(_Rule):
     """DiffusionGemma's rule "dgemma" on a uniform-state model (module docstring), for B rows, each
     with its own seed. ``sampler``: the round's per-position work over the logits -- "torch"
     (`canvas_round`, the reference), "triton" (`canvas_round_fused`: one fused kernel, equal up to
@@ -232,14 +240,6 @@ class CanvasRule:
         use_res = cfg.residual and rt.mcfg.pathway != "none"
         self.key = ("dgemma", use_res, cfg.temperature == 0, s)
         return self.key
-
-    @property
-    def use_residual(self) -> bool:
-        return self.key[1]
-
-    def saved(self) -> list:
-        """Buffers a capture's warm-up must leave as they were (it must not consume random numbers)."""
-        return [self.counter]
 
     def begin(self, rt) -> None:
         """A fresh random canvas per row from the counter RNG; no self-conditioning yet (z = 0)."""

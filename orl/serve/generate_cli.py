@@ -11,6 +11,17 @@ import sys
 from ..recipes.overrides import parse_sets
 
 
+def add_llm_args(ap: argparse.ArgumentParser) -> None:
+    """The `LLM` options `orl generate` and `orl serve` share (device, dtype, tokenizer, engine, --set)."""
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per device)")
+    ap.add_argument("--tokenizer", default=None, help="qwen3 | char | directory (default: from the model)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "runtime"],
+                    help="decoder: auto = the fast runtime on CUDA for the families' rules, else the reference")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a decoding protocol field, e.g. --set threshold=0.8")
+
+
 def report(gen) -> str:
     return (f"[{gen.finish_reason}] {gen.prompt_tokens} prompt + {gen.completion_tokens} completion tokens | "
             f"TPF {gen.tpf:.2f} (without commit {gen.tpf_no_commit:.2f}) | {gen.forwards} forwards | "
@@ -32,13 +43,7 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--ignore-eos", action="store_true", help="decode the full budget (benchmarking)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the one-block warm-up decode (its one-time setup otherwise lands in the latency)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per device)")
-    ap.add_argument("--tokenizer", default=None, help="qwen3 | char | directory (default: from the model)")
-    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "runtime"],
-                    help="decoder: auto = the fast runtime on CUDA for greedy SDAR/LLaDA requests, else the reference")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a decoding protocol field, e.g. --set threshold=0.8")
+    add_llm_args(ap)
     args = ap.parse_args(argv)
     from .llm import LLM  # noqa: PLC0415 (torch only once the arguments are valid)
 

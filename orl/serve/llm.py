@@ -271,6 +271,20 @@ class LLM:
                 rng = TorchRNG(torch.Generator().manual_seed(seed) if seed is not None else None)
             return decode(self.model, prompt.expand(rows, -1), cfg, eos_ids=eos_ids, rng=rng, on_block=on_block)
 
+    def _request(self, prompt, max_new_tokens: int, temperature, stop, ignore_eos: bool):
+        """(prompt ids, DecodeConfig, EOS ids, stop strings) of one request, validated."""
+        ids = self.encode(prompt)
+        self.check_lengths(len(ids), max_new_tokens)
+        if temperature is None:
+            temperature = self.decode_config.temperature
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature)
+        return ids, cfg, ([] if ignore_eos else self.eos_ids), stops
+
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                  stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
                  on_text: Callable[[str], object] | None = None,
@@ -282,17 +296,8 @@ class LLM:
         ``ignore_eos`` decodes the whole budget (benchmarks). ``on_text(delta)`` receives text as
         blocks commit (returning False cancels); ``cancel``, set by another thread, stops the
         decode at the next block boundary."""
-        ids = self.encode(prompt)
-        self.check_lengths(len(ids), max_new_tokens)
-        if temperature is None:
-            temperature = self.decode_config.temperature
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature)
-        eos = [] if ignore_eos else self.eos_ids
+        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos)
+        temperature = cfg.temperature
         text = _IncrementalText(self._text, max_new_tokens, eos, stops)
         flags = {"cancelled": False}
 
@@ -334,16 +339,8 @@ class LLM:
         latency the decode's. ``cancel`` stops all of them at the next block boundary."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        ids = self.encode(prompt)
-        self.check_lengths(len(ids), max_new_tokens)
-        temperature = self.decode_config.temperature if temperature is None else temperature
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature)
-        eos = [] if ignore_eos else self.eos_ids
+        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos)
+        temperature = cfg.temperature
         texts = [_IncrementalText(self._text, max_new_tokens, eos, stops) for _ in range(n)]
         flags = {"cancelled": False}
 

@@ -247,6 +247,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 # --------------------------------------------------------------------------- `orl serve`
 def cli(argv: list[str] | None = None) -> int:
+    from .generate_cli import add_llm_args  # noqa: PLC0415
     ap = argparse.ArgumentParser(prog="orl serve", description="OpenAI-compatible HTTP server: one request "
                                  "decodes at a time, the rest wait in a bounded FIFO queue.")
     ap.add_argument("--model", required=True, help="checkpoint directory or named size (sdar/tiny, qwen3-4b)")
@@ -255,13 +256,7 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", default="base", choices=("base", "orl"), help="decoding protocol role")
     ap.add_argument("--queue-size", type=int, default=16, help="requests that may wait (more get 429)")
     ap.add_argument("--served-model-name", default=None, help="name clients pass as `model` (default --model)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: per device)")
-    ap.add_argument("--tokenizer", default=None, help="qwen3 | char | directory (default: from the model)")
-    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "runtime"],
-                    help="decoder: auto = the fast runtime on CUDA for greedy SDAR/LLaDA requests, else the reference")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a decoding protocol field, e.g. --set threshold=0.8")
+    add_llm_args(ap)
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     import uvicorn  # noqa: PLC0415
