@@ -222,3 +222,31 @@ def test_two_stage_topk_equals_topk():
         a, b = topk_lastdim(x, k), x.topk(k, -1)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert torch.equal(topk_lastdim(x[..., :100], 7)[1], x[..., :100].topk(7, -1)[1])  # 100 % 64: one stage
+
+
+def test_top_p_filter_hand_case():
+    from orl.decode.samplers import top_p_filter  # noqa: PLC0415
+    p = torch.tensor([[0.1, 0.5, 0.15, 0.25]])
+    # sorted 0.5, 0.25, 0.15, 0.1: mass before each 0, 0.5, 0.75, 0.9 -> top_p 0.7 keeps {0.5, 0.25}
+    torch.testing.assert_close(top_p_filter(p, 0.7), torch.tensor([[0.0, 2 / 3, 0.0, 1 / 3]]))
+    torch.testing.assert_close(top_p_filter(p, 0.01), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))  # the top one stays
+    torch.testing.assert_close(top_p_filter(p, 1.0), p)
+    with pytest.raises(ValueError, match="top_p"):
+        DecodeConfig(top_p=0.0)
+
+
+@pytest.mark.parametrize("family,rule", [("sdar", "threshold"), ("llada", "llada")])
+def test_top_p_sampling_equals_reference(family, rule):
+    """Nucleus sampling in the runtime's graph (a device top_p, the same filter) draws the reference
+    decoder's tokens on the same counter stream; a tight nucleus changes what is sampled."""
+    model = _model(family)
+    K = model.config.block_size
+    prompt = _prompts(1, 6, model.config.vocab_size, seed=6)
+    rt = Runtime(model, K, mode="eager", max_len=160, bucket=32, batch=3)
+    outs = {}
+    for top_p in (1.0, 0.5):
+        cfg = _cfg(rule, K, True, temperature=1.5, top_p=top_p)
+        ref = decode(model, prompt.expand(3, -1), cfg, rng=CounterRNG(13))
+        outs[top_p] = rt.decode(prompt, cfg, seed=13)
+        _same(outs[top_p], ref)
+    assert outs[0.5].tokens != outs[1.0].tokens

@@ -210,7 +210,7 @@ def _decode_block(model, cfg: DecodeConfig, b: int, committed, active, cache, P:
             ent = S.normalized_entropy(probs)
         else:
             lg = None
-            probs, tok, conf, ent = S.step_distribution(logits, temp, rng.sample)
+            probs, tok, conf, ent = S.step_distribution(logits, temp, rng.sample, cfg.top_p)
         rec_canvas, rec_unres = canvas.clone(), unresolved.clone()
         canvas, unresolved, take, finished, post, prev_arg = _rule_step(
             cfg, step, active, canvas, unresolved, post, prev_arg, probs, tok, conf, ent, lg, rng, mcfg.vocab_size)
@@ -224,7 +224,7 @@ def _decode_block(model, cfg: DecodeConfig, b: int, committed, active, cache, P:
             if cfg.rule == "dgemma":  # HF: from the processed (temperature-scaled) logits
                 pr = S.dgemma_selfcond_probs(lg, model.model.embed_tokens.weight.dtype)
             else:
-                pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) else \
+                pr = probs if cfg.residual_temperature == 1.0 and temp in (0.0, 1.0) and cfg.top_p >= 1 else \
                     torch.softmax(logits.float() / cfg.residual_temperature, -1)
             z = model.soft_embed(pr)
             where = torch.ones_like(unresolved) if where_canvas else unresolved.clone()

@@ -25,6 +25,7 @@ class DecodeConfig:
     max_post_steps: int = 16         # llada editing-only steps after the block is filled
     entropy_bound: float = 0.35      # "entropy" rule: cumulative entropy bound; dgemma: 0.1
     temperature: float = 0.0         # 0 = greedy
+    top_p: float = 1.0               # nucleus sampling (temperature > 0, mask rules): 1.0 = the whole distribution
     t_min: float = 0.4               # dgemma temperature schedule
     t_max: float = 0.8
     stability_threshold: int = 1     # dgemma early stop: argmax canvas unchanged this many steps
@@ -46,6 +47,11 @@ class DecodeConfig:
             raise ValueError(f"steps must be >= 1 or None, got {self.steps}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p < 1 and self.rule == "dgemma":
+            raise ValueError("top_p applies to the mask rules' sampling; DiffusionGemma's rule samples its own "
+                             "temperature schedule (leave top_p at 1.0)")
 
     @property
     def max_steps(self) -> int:

@@ -16,15 +16,27 @@ def _default_draw(probs: torch.Tensor) -> torch.Tensor:
     return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
 
 
-def step_distribution(logits: torch.Tensor, temperature: float, draw=None):
+def top_p_filter(probs: torch.Tensor, top_p) -> torch.Tensor:
+    """Nucleus filter of probs (..., V): keep the most probable tokens while the mass before each is
+    below ``top_p`` (a float or a tensor; the most probable token always stays), renormalised.
+    Graph-safe (sort, cumsum, scatter)."""
+    sp, idx = probs.sort(-1, descending=True)
+    keep = torch.zeros_like(sp, dtype=torch.bool).scatter(-1, idx, (sp.cumsum(-1) - sp) < top_p)
+    out = probs * keep
+    return out / out.sum(-1, keepdim=True)
+
+
+def step_distribution(logits: torch.Tensor, temperature: float, draw=None, top_p: float = 1.0):
     """From logits (B, K, V): probs (B, K, V) of the processed distribution, chosen tokens (B, K),
     their probability ``conf`` (B, K) and the normalised entropy (B, K) in [0, 1].
 
     temperature 0 means greedy: tokens are the argmax of softmax(logits). ``draw`` (B, K, V) ->
     (B, K): one sample per position (an RNG object's ``sample``, `orl.decode.rng`; None: torch's
-    default stream)."""
+    default stream). ``top_p`` < 1 (sampling only): the distribution is `top_p_filter`'s."""
     lf = logits.float()
     probs = torch.softmax(lf / temperature if temperature > 0 else lf, dim=-1)
+    if temperature > 0 and top_p < 1:
+        probs = top_p_filter(probs, top_p)
     if temperature > 0:
         tokens = (draw or _default_draw)(probs)
     else:

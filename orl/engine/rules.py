@@ -55,7 +55,7 @@ class _Rule:
 class MaskRule(_Rule):
     """SDAR "threshold" / "topk" and LLaDA "llada" on a mask-diffusion model (module docstring):
     the same operations as `orl.decode.block.decode` for those rules, for B rows, greedy or sampled
-    (temperature; the sample is the inverse CDF of one counter-RNG uniform per position, as
+    (temperature, top-p; the sample is the inverse CDF of one counter-RNG uniform per position, as
     `orl.decode.rng.CounterRNG.sample` draws it)."""
 
     rules = ("threshold", "topk", "llada")
@@ -65,6 +65,7 @@ class MaskRule(_Rule):
         self.unresolved = _buf(dev, B, K, dtype=torch.bool)
         self.active, self.post = _buf(dev, B, dtype=torch.bool), _buf(dev, B)  # still denoising; llada post steps
         self.threshold, self.temperature = _buf(dev, 1, dtype=torch.float32), _buf(dev, 1, dtype=torch.float32)
+        self.top_p = _buf(dev, 1, dtype=torch.float32)
         self.quota_base, self.quota_rem, self.max_steps, self.mask_id = (_buf(dev, 1) for _ in range(4))
         self.edit_threshold, self.post_cap = _buf(dev, 1, dtype=torch.float32), _buf(dev, 1)
         self.seed, self.counter = _buf(dev, B), _buf(dev, B)  # counter RNG (sampling): per row
@@ -85,14 +86,17 @@ class MaskRule(_Rule):
         for buf, v in ((self.threshold, cfg.threshold), (self.quota_base, base), (self.quota_rem, rem),
                        (self.max_steps, cfg.max_steps + post), (self.mask_id, mask_id),
                        (self.edit_threshold, cfg.edit_threshold), (self.post_cap, post),
-                       (self.temperature, cfg.temperature if cfg.temperature > 0 else 1.0), (self.counter, 0)):
+                       (self.temperature, cfg.temperature if cfg.temperature > 0 else 1.0), (self.counter, 0),
+                       (self.top_p, cfg.top_p)):
             buf.fill_(v)
         self.seed.copy_(torch.tensor(seeds, dtype=torch.long))
         use_res = cfg.residual and rt.mcfg.pathway != "none"
         rtemp = cfg.residual_temperature if use_res else 1.0
         # `orl.decode.block`: the residual reads the step's probabilities when neither temperature rescales them
-        same = rtemp == 1.0 and cfg.temperature in (0.0, 1.0)
-        self.key = (cfg.rule, use_res, rtemp, cfg.temperature > 0, same)
+        sampled = cfg.temperature > 0
+        nucleus = sampled and cfg.top_p < 1
+        same = rtemp == 1.0 and cfg.temperature in (0.0, 1.0) and not nucleus
+        self.key = (cfg.rule, use_res, rtemp, sampled, same, nucleus)
         return self.key
 
     def begin(self, rt) -> None:
@@ -120,13 +124,15 @@ class MaskRule(_Rule):
     def distribution(self, logits: torch.Tensor):
         """(probs (B, K, V), tokens (B, K), conf (B, K), float logits) of one round: the argmax, or a
         sample at the request's temperature (`orl.decode.samplers.step_distribution`'s numbers)."""
-        _, _, _, sampled, _ = self.key
+        _, _, _, sampled, _, nucleus = self.key
         lf = logits.float()
         if not sampled:
             probs = torch.softmax(lf, dim=-1)
             tok = probs.argmax(-1)
         else:
             probs = torch.softmax(lf / self.temperature, dim=-1)
+            if nucleus:
+                probs = Smp.top_p_filter(probs, self.top_p)
             u = uniform(self.seed, self.counter, STREAM_SAMPLE, probs.shape[1]).view(probs.shape[:-1])
             tok = sample_inverse_cdf(probs, u)
         conf = probs.gather(-1, tok[..., None]).squeeze(-1)
@@ -134,7 +140,7 @@ class MaskRule(_Rule):
 
     def decide(self, rt, logits: torch.Tensor) -> None:
         """One round's decision from logits (B, K, V): commit tokens, feed the residual, set the flag."""
-        rule, use_res, rtemp, _, same = self.key
+        rule, use_res, rtemp, _, same, _ = self.key
         self.active.logical_and_(rt.flag)  # once the flag is down a round changes nothing (graph warm-ups)
         # the rows that take this step (the reference decoder's ``active``): an SDAR row stops once resolved
         stepping = self.active if rule == "llada" else self.active & self.unresolved.any(-1)
