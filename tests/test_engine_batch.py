@@ -250,3 +250,26 @@ def test_top_p_sampling_equals_reference(family, rule):
         outs[top_p] = rt.decode(prompt, cfg, seed=13)
         _same(outs[top_p], ref)
     assert outs[0.5].tokens != outs[1.0].tokens
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("family,rule", [("sdar", "threshold"), ("llada", "llada")])
+def test_ragged_prompts_left_padded_equal_each_alone(family, rule, sampled):
+    """Prompts of different lengths in one batch (left-padded; positions start after the padding,
+    padded slots unseen): each row decodes what its prompt decodes alone, on its own stream."""
+    model = _model(family)
+    K = model.config.block_size
+    cfg = _cfg(rule, K, sampled)
+    g = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(5, 60, (n,), generator=g).tolist() for n in (4, 9, 6)]
+    rt = Runtime(model, K, mode="eager", max_len=160, bucket=32, batch=3)
+    out = rt.decode(prompts, cfg, seed=30)
+    assert rt._padded
+    for r, p in enumerate(prompts):
+        alone = decode(model, torch.tensor([p]), cfg, rng=CounterRNG(30 + r))
+        assert out.tokens[r] == alone.tokens[0] and out.steps_per_block[r] == alone.steps_per_block[0], r
+    assert len({tuple(t) for t in out.tokens}) == 3
+    # the same runtime then takes equal-length prompts again (no padding)
+    eq = _prompts(3, 7, model.config.vocab_size)
+    _same(rt.decode(eq, cfg, seed=11), decode(model, eq, cfg, rng=CounterRNG(11)))
+    assert not rt._padded

@@ -338,7 +338,8 @@ def layer(x, lw: LayerWeights, cfg, cos, sin, pos, k_cache, v_cache, bias, canva
 
 def forward(w: Baked, h: torch.Tensor, start: torch.Tensor, lim: torch.Tensor, kv: StaticKV, S: int,
             logits_from: int | None = 0, layer_fn=layer, route_out: list | None = None, kernels=None,
-            canvas_rows: torch.Tensor | None = None, anc: torch.Tensor | None = None) -> torch.Tensor | None:
+            canvas_rows: torch.Tensor | None = None, anc: torch.Tensor | None = None,
+            pad: torch.Tensor | None = None) -> torch.Tensor | None:
     """Run the layers over input embeddings h (B, T, D) placed at slots start .. start + T - 1 of
     every row (B = the cache's rows; all rows share ``start``, ``lim`` and the mask).
 
@@ -349,7 +350,9 @@ def forward(w: Baked, h: torch.Tensor, start: torch.Tensor, lim: torch.Tensor, k
     layer scalars (None: all committed); ``anc`` (T,) int64: sliding-window anchors (needed only by
     sliding layers). ``layer_fn`` is `layer` or a compiled version of it. ``route_out``: see
     `layer` (eager only). ``kernels``: an `orl.kernels.layers.TritonKernels` runs the whole pass
-    instead (opt-in fast twin, dense layers).
+    instead (opt-in fast twin, dense layers). ``pad`` (B,) int64: rows whose prompt is left-padded
+    by that many slots -- their RoPE positions start after the padding and no query sees a padded
+    slot but a padded query itself (so its row stays finite); None: no padding.
     """
     if kernels is not None:
         if h.shape[0] != 1:
@@ -358,11 +361,23 @@ def forward(w: Baked, h: torch.Tensor, start: torch.Tensor, lim: torch.Tensor, k
     cfg = w.cfg
     T = h.shape[1]
     pos = start + torch.arange(T, device=h.device)
-    tabs = {k: (c.index_select(0, pos)[None], s.index_select(0, pos)[None]) for k, (c, s) in w.rope.items()}
     groups = {kind: cfg.num_heads // kv.k[i].shape[1] for i, kind in enumerate(cfg.layer_types)}
     if "sliding" in groups and anc is None:
         raise ValueError("sliding-window layers need the window anchors ``anc``")
     biases = attention_biases(start, lim, anc, S, cfg.sliding_window, groups, h.dtype)
+    if pad is None:
+        tabs = {k: (c.index_select(0, pos)[None], s.index_select(0, pos)[None]) for k, (c, s) in w.rope.items()}
+    else:
+        if "sliding" in groups:
+            raise NotImplementedError("left-padded rows are not supported with sliding-window layers")
+        B = h.shape[0]
+        rpos = (pos[None] - pad[:, None]).clamp_min(0).reshape(-1)  # (B * T,) positions after the padding
+        tabs = {k: (c.index_select(0, rpos).view(B, T, -1), s.index_select(0, rpos).view(B, T, -1))
+                for k, (c, s) in w.rope.items()}
+        keys = torch.arange(S, device=h.device)
+        ok = (keys[None, None] >= pad[:, None, None]) | (keys[None, None] == pos[None, :, None])  # (B, T, S)
+        extra_bias = torch.zeros(ok.shape, dtype=h.dtype, device=h.device).masked_fill_(~ok, float("-inf"))
+        biases = {k: b + extra_bias.repeat(1, groups[k], 1)[:, None] for k, b in biases.items()}
     if layer_fn is not layer:  # compiled: S symbolic, so a new cache bucket does not recompile
         for b in biases.values():
             torch._dynamo.maybe_mark_dynamic(b, 3)

@@ -127,6 +127,8 @@ class Runtime:
         self.rnd = z(1)                          # rounds run in this block (every active row's step)
         self.flag = z(1, dt=torch.bool)          # "go on?": some row still denoising
         self.done = z(B, dt=torch.bool)          # rows that ended (EOS) in an earlier block: idle
+        self.pad = z(B)                          # left padding of each row's prompt (ragged prompts)
+        self._padded = False                     # host mirror: some row is padded (its own graphs)
         self.out = z(B, K + 1)                   # per row: block tokens, then the rounds used
         self.rule = CanvasRule(self, sampler) if self.uniform else MaskRule(self)
         if self.uniform:
@@ -206,7 +208,7 @@ class Runtime:
         if "sliding" in self.mcfg.layer_types:
             anc = lim - 1 if rows is None else torch.where(rows[0], lim - self.K, lim - 1)
         return F_.forward(self.w, h, self.cache_len, lim, self.kv, S, logits_from, self._layer,
-                          kernels=self._kernels, canvas_rows=rows, anc=anc)
+                          kernels=self._kernels, canvas_rows=rows, anc=anc, pad=self.pad if self._padded else None)
 
     def _start(self, fold: bool, S: int) -> None:
         """Fresh canvas and the first round (no residual yet); with ``fold`` the previous block is
@@ -265,7 +267,7 @@ class Runtime:
 
     # ------------------------------------------------------------------ graphs
     def _graph(self, kind: str, fold: bool, S: int):
-        key = (kind, fold, S, self._key_extra)
+        key = (kind, fold, S, self._key_extra, self._padded)
         g = self._graphs.get(key)
         if g is not None:
             return g
@@ -313,24 +315,47 @@ class Runtime:
 
     # --------------------------------------------------------------- public API
     @torch.no_grad()
-    def prefill(self, prompt: torch.Tensor) -> None:
+    def prefill(self, prompt) -> None:
         """Reset the runtime to ``prompt``: (P,) or (1, P) int64 for one prompt shared by every row
-        (prefilled once, its keys/values copied to the other rows), or (B, P) for B prompts of equal
-        length (one batched prefill)."""
-        prompt = prompt.reshape(-1, prompt.shape[-1]).to(self.device)
+        (prefilled once, its keys/values copied to the other rows), (B, P) for B prompts of equal
+        length (one batched prefill), or a list of B token lists of any lengths (left-padded to the
+        longest: a row's positions start after its padding and nothing sees the padded slots)."""
+        prompt = self._pad_prompts(prompt)
         if prompt.shape[0] not in (1, self.B):
             raise ValueError(f"prompt has {prompt.shape[0]} rows; the runtime has {self.B} (pass 1 or {self.B})")
         shared = prompt.shape[0] == 1 or bool((prompt == prompt[:1]).all())
         P = prompt.shape[1]
         self._slots(P + self.K)
         self.cache_len.zero_()
-        self._prefill_forward(prompt[:1] if shared else prompt, self.kv.rows(0, 1) if shared else self.kv)  # eager
+        self._prefill_forward(prompt[:1] if shared else prompt, self.kv.rows(0, 1) if shared else self.kv,
+                              None if shared or not self._padded else self.pad)  # eager
         if shared and self.B > 1:
             self.kv.broadcast_prefix(P)
         self.cache_len.fill_(P)
         self.length, self.pending = P, False
 
-    def _prefill_forward(self, prompt: torch.Tensor, kv) -> None:
+    def _pad_prompts(self, prompt) -> torch.Tensor:
+        """(rows, P) int64 on the device; ragged lists are left-padded, ``pad`` says by how much."""
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (list, tuple)):
+            if len(prompt) != self.B:
+                raise ValueError(f"{len(prompt)} prompts for a runtime of {self.B} rows")
+            if self.uniform:
+                raise NotImplementedError("ragged prompts cover the mask-diffusion rules; pad them yourself or "
+                                          "decode DiffusionGemma prompts of equal length")
+            P = max(len(p) for p in prompt)
+            if min(len(p) for p in prompt) < 1:
+                raise ValueError("every prompt needs at least one token")
+            pads = [P - len(p) for p in prompt]
+            self.pad.copy_(torch.tensor(pads))
+            self._padded = any(pads)
+            rows = [[int(p[0])] * n + list(p) for p, n in zip(prompt, pads)]  # any token: padded slots are unseen
+            return torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.pad.zero_()
+        self._padded = False
+        prompt = torch.as_tensor(prompt)
+        return prompt.reshape(-1, prompt.shape[-1]).to(self.device)
+
+    def _prefill_forward(self, prompt: torch.Tensor, kv, pad=None) -> None:
         """The prompt's keys/values into ``kv`` from slot 0 (prompt tokens: one block each =
         causal; DiffusionGemma's encoder mode)."""
         P = prompt.shape[1]
@@ -338,7 +363,7 @@ class Runtime:
         rows = torch.zeros(1, P, dtype=torch.bool, device=self.device) if self.uniform else None
         anc = lim - 1 if "sliding" in self.mcfg.layer_types else None
         F_.forward(self.w, F_.embed(self.w, prompt), self.cache_len, lim, kv, P, logits_from=None,
-                   kernels=self._kernels, canvas_rows=rows, anc=anc)
+                   kernels=self._kernels, canvas_rows=rows, anc=anc, pad=pad)
 
     @torch.no_grad()
     def launch_block(self) -> list[list[int]]:
@@ -423,14 +448,20 @@ class Runtime:
                on_block: Callable[[int, torch.Tensor], bool] | None = None, seed=0,
                capture_topk: int | None = None) -> DecodeOutput:
         """`orl.decode.decode` for the runtime's B rows: same arguments, same output. ``prompt`` (P,),
-        (1, P) (one prompt for every row: the G rollouts of a group) or (B, P). ``seed``: the counter
+        (1, P) (one prompt for every row: the G rollouts of a group), (B, P), or B token lists of any
+        lengths (left-padded; ``prompt_len`` is the longest). ``seed``: the counter
         RNG's (an int, or one per row; read when sampling and by uniform-state models); the reference
         decoder draws the same numbers with ``rng=CounterRNG(seed)``. ``capture_topk`` (not None):
         the output's ``trace`` holds every step, as ``decode(trace=True)``'s, with that many top-k
         log-probs per position instead of whole logits (`orl.engine.capture`)."""
         self.request_seed = seed
-        prompt = prompt.reshape(-1, prompt.shape[-1])
-        B, P, K = self.B, prompt.shape[1], self.K
+        if not (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], (list, tuple))):
+            prompt = torch.as_tensor(prompt)
+            prompt = prompt.reshape(-1, prompt.shape[-1])
+            P = prompt.shape[1]
+        else:
+            P = max(len(p) for p in prompt)
+        B, K = self.B, self.K
         n_blocks = math.ceil(cfg.max_new_tokens / K)
         if P + n_blocks * K > self.mcfg.max_position:
             raise ValueError(f"prompt ({P} tokens) + max_new_tokens rounded to blocks ({n_blocks * K}) exceeds "
