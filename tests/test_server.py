@@ -157,6 +157,7 @@ BAD = [  # (path, body, status, param)
     ("completions", {**OK, "prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {**OK, "prompt": 42}, 400, "prompt"),
     ("completions", {**OK, "n": 17}, 400, "n"),
+    ("completions", {**OK, "top_p": 0}, 400, "top_p"),
     ("completions", {**OK, "n": 2, "stream": True}, 400, "n"),
     ("completions", {**OK, "temperature": "hot"}, 400, "temperature"),
     ("completions", {**OK, "temperature": 5}, 400, "temperature"),
@@ -191,6 +192,14 @@ def test_wrong_content_type_and_route(server):
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
     assert httpx.get(server.url + "/v1/nothing").json()["error"]["type"] == "not_found_error"
     assert _post(server.url + "/v1/completions", OK).status_code == 200  # still serving
+
+
+def test_top_p_is_the_llms(llm, client):
+    """A client's top_p is honoured: the nucleus the LLM samples from (and a tight one changes the text)."""
+    kw = dict(model=MODEL, prompt="hello", max_tokens=16, temperature=1.0, seed=3)
+    r = client.completions.create(**kw, top_p=0.3)
+    assert r.choices[0].text == llm.generate("hello", max_new_tokens=16, temperature=1.0, seed=3, top_p=0.3).text
+    assert r.choices[0].text != client.completions.create(**kw).choices[0].text
 
 
 def test_accepted_and_ignored_fields(server):

@@ -271,8 +271,9 @@ class LLM:
                 rng = TorchRNG(torch.Generator().manual_seed(seed) if seed is not None else None)
             return decode(self.model, prompt.expand(rows, -1), cfg, eos_ids=eos_ids, rng=rng, on_block=on_block)
 
-    def _request(self, prompt, max_new_tokens: int, temperature, stop, ignore_eos: bool):
-        """(prompt ids, DecodeConfig, EOS ids, stop strings) of one request, validated."""
+    def _request(self, prompt, max_new_tokens: int, temperature, stop, ignore_eos: bool, top_p=None):
+        """(prompt ids, DecodeConfig, EOS ids, stop strings) of one request, validated (``top_p``
+        None: the protocol's)."""
         ids = self.encode(prompt)
         self.check_lengths(len(ids), max_new_tokens)
         if temperature is None:
@@ -282,21 +283,22 @@ class LLM:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature)
+        cfg = dataclasses.replace(self.decode_config, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  **({} if top_p is None else {"top_p": top_p}))
         return ids, cfg, ([] if ignore_eos else self.eos_ids), stops
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                  stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
                  on_text: Callable[[str], object] | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
+                 cancel: threading.Event | None = None, top_p: float | None = None) -> Generation:
         """Decode one prompt (text or chat messages). ``temperature=None`` keeps the protocol's;
         greedy decoding without a ``seed`` uses seed 0, so it is deterministic for every family
         (DiffusionGemma draws its starting canvas at random even when greedy; its text for a seed
         depends on the decoder, see the module docstring).
         ``ignore_eos`` decodes the whole budget (benchmarks). ``on_text(delta)`` receives text as
         blocks commit (returning False cancels); ``cancel``, set by another thread, stops the
-        decode at the next block boundary."""
-        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos)
+        decode at the next block boundary. ``top_p`` (sampling, mask rules): the nucleus; None: the protocol's."""
+        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p)
         temperature = cfg.temperature
         text = _IncrementalText(self._text, max_new_tokens, eos, stops)
         flags = {"cancelled": False}
@@ -332,14 +334,14 @@ class LLM:
 
     def generate_n(self, prompt: Prompt, n: int, max_new_tokens: int = 256, temperature: float | None = 0.0,
                    stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
-                   cancel: threading.Event | None = None) -> list[Generation]:
+                   cancel: threading.Event | None = None, top_p: float | None = None) -> list[Generation]:
         """``n`` samples of one prompt in one decode (OpenAI's ``n``): the runtime decodes the n rows
         in one launch per block (prefilling the prompt once), the reference decoder as n rows. Each
         sample has its own stop strings, EOS and finish reason; forwards and TPF are per sample,
         latency the decode's. ``cancel`` stops all of them at the next block boundary."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos)
+        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p)
         temperature = cfg.temperature
         texts = [_IncrementalText(self._text, max_new_tokens, eos, stops) for _ in range(n)]
         flags = {"cancelled": False}
@@ -375,12 +377,12 @@ class LLM:
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                stop: str | list[str] | None = None, seed: int | None = None, *,
-               ignore_eos: bool = False) -> "Stream":
+               ignore_eos: bool = False, top_p: float | None = None) -> "Stream":
         """Text increments as blocks commit. Iterate it; ``.result`` is the Generation once done;
         ``.close()`` (or leaving a ``with`` block early) cancels at the next block boundary."""
         self.check_lengths(self.count_tokens(prompt), max_new_tokens)  # fail here, not in the thread
         return Stream(self, dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 stop=stop, seed=seed, ignore_eos=ignore_eos))
+                                 stop=stop, seed=seed, ignore_eos=ignore_eos, top_p=top_p))
 
 
 def _dgemma_runtime_fits(mcfg) -> bool:

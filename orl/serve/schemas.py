@@ -69,7 +69,7 @@ class _Common(_Strict):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)   # None: the decoding protocol's
-    top_p: float | None = Field(None, ge=0, le=1)          # ignored (see IGNORED)
+    top_p: float | None = Field(None, gt=0, le=1)          # nucleus sampling (mask rules)
     n: int | None = Field(None, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -123,9 +123,9 @@ class ChatRequest(_Common):
                  "".join(p.text for p in m.content)} for m in self.messages]
 
 
-# Fields accepted with any valid value and ignored: top_p (the family's acceptance rule decides
+# Fields accepted with any valid value and ignored (top_p is honoured: `DecodeConfig.top_p`):
 # which tokens commit, there is no nucleus), parallel_tool_calls, user (only logged), name.
-IGNORED = ("top_p", "parallel_tool_calls")
+IGNORED = ("parallel_tool_calls",)
 # Fields accepted only at their no-op value; anything else is a 400 naming the field.
 MAX_N = 16  # samples per request (OpenAI's n), decoded as one batch
 DEFAULT_ONLY = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0),

@@ -11,12 +11,13 @@ the worker keeps running.
 The request schemas and their validation are `orl.serve.schemas`; the single worker and its queue
 `orl.serve.scheduler`; this module is the app (routes, response bodies, SSE) and `orl serve`.
 Does not own: tensors, token ids or the decoder (`orl.serve.llm.LLM` turns text into text),
-sampling features the block decoder lacks (top_p, penalties, logprobs: accepted only where
+sampling features the block decoder lacks (penalties, logprobs: accepted only where
 they are no-ops, see ``IGNORED`` and ``DEFAULT_ONLY``), batching (one request at a time).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import json
 import logging
@@ -160,8 +161,14 @@ def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int |
             param = prompt_param if param == "prompt" else req.max_tokens_param()
             return error_response(400, str(e), param=param,
                                   code="context_length_exceeded" if hasattr(e, "param") else None)
+        if req.top_p is not None:
+            try:  # the family must take it (DiffusionGemma's rule samples its own schedule)
+                dataclasses.replace(llm.decode_config, top_p=req.top_p)
+            except ValueError as e:
+                return error_response(400, str(e), param="top_p")
         job = Job(kwargs=dict(prompt=prompt, max_new_tokens=max_tokens, temperature=req.temperature_value(),
-                              stop=req.stop, seed=req.seed, ignore_eos=bool(req.ignore_eos), n=req.n or 1),
+                              stop=req.stop, seed=req.seed, ignore_eos=bool(req.ignore_eos), n=req.n or 1,
+                              top_p=req.top_p),
                   loop=asyncio.get_running_loop(), tag=req.user)
         try:
             scheduler.submit(job)
