@@ -381,7 +381,7 @@ def forward(w: Baked, h: torch.Tensor, start: torch.Tensor, lim: torch.Tensor, k
     if layer_fn is not layer:  # compiled: S symbolic, so a new cache bucket does not recompile
         for b in biases.values():
             torch._dynamo.maybe_mark_dynamic(b, 3)
-    rows = None if canvas_rows is None or cfg.layer_scalar is False else canvas_rows[..., None]
+    rows = None if canvas_rows is None or not cfg.layer_scalar else canvas_rows[..., None]
     extra = {} if route_out is None else {"route_out": route_out}
     if w.tp_reduce is not None:
         extra["reduce"] = w.tp_reduce

@@ -143,8 +143,7 @@ class MaskRule(_Rule):
         rule, use_res, rtemp, _, same, _ = self.key
         self.active.logical_and_(rt.flag)  # once the flag is down a round changes nothing (graph warm-ups)
         # the rows that take this step (the reference decoder's ``active``): an SDAR row stops once resolved
-        stepping = self.active if rule == "llada" else self.active & self.unresolved.any(-1)
-        stepping = stepping.clone()
+        stepping = self.active.clone() if rule == "llada" else self.active & self.unresolved.any(-1)
         probs, tok, conf, lf = self.distribution(logits)
         self.last = (probs, tok, stepping)  # what the round chose (capture reads it right after)
         if rule == "llada":

@@ -181,7 +181,7 @@ class Runtime:
         if cfg.block_size != self.K:
             raise ValueError(f"DecodeConfig.block_size {cfg.block_size} != the runtime's block size (canvas length) {self.K}")
         seeds = row_seeds(self.request_seed if seed is None else seed, self.B)
-        self._key_extra = self.rule.set_request(self, cfg, mask_id, seeds)
+        rule_key = self.rule.set_request(self, cfg, mask_id, seeds)
         self.done.zero_()
         self._cap = None
         if capture_topk is not None:
@@ -195,7 +195,7 @@ class Runtime:
                                           self.device, self.mcfg.pathway == "rcd")
             self._cap = self._caps[key]
             self._cap.start()
-        self._key_extra = (*self._key_extra, None if self._cap is None else self._cap.key())
+        self._key_extra = (*rule_key, None if self._cap is None else self._cap.key())
 
     # ------------------------------------------------------------ block pieces
     # These run eagerly or are captured; they touch only static buffers (docs/STYLE.md 10).
@@ -213,12 +213,22 @@ class Runtime:
     def _start(self, fold: bool, S: int) -> None:
         """Fresh canvas and the first round (no residual yet); with ``fold`` the previous block is
         committed in the same forward and the cache length advances by K."""
-        K = self.K
         self.rnd.zero_()
         self.rule.begin(self)
-        residual, where, weight = self.rule.canvas_inputs(self, first=True)
+        self._denoise(S, first=True, fold=fold)
+
+    def _round(self, S: int) -> None:
+        """One more round; a no-op once the flag is down (a graph warm-up, or an extra replay)."""
+        self._denoise(S, first=False, fold=False)
+
+    def _denoise(self, S: int, first: bool, fold: bool) -> None:
+        """One round over the canvas (folded after the previous block's commit rows when ``fold``):
+        capture what it consumes, forward, the rule's decision, capture what it chose."""
+        K = self.K
+        go = self.flag.clone()
+        residual, where, weight = self.rule.canvas_inputs(self, first=first)
         if self._cap is not None:
-            slot = self._cap.slot(self.rnd, self.flag)
+            slot = self._cap.slot(self.rnd, go)
             self._cap.inputs(slot, self.canvas, self.rule.unresolved, self.z, self.where, self.weight)
         rows = self.where if self.uniform else None
         if fold:
@@ -231,20 +241,6 @@ class Runtime:
             self.cache_len.add_(K)
         else:
             logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight, rows=rows)
-        self.rule.decide(self, logits)
-        if self._cap is not None:
-            self._capture_outputs(slot, logits)
-        self.rnd.add_(1)
-
-    def _round(self, S: int) -> None:
-        """One more round; a no-op once the flag is down (a graph warm-up, or an extra replay)."""
-        go = self.flag.clone()
-        residual, where, weight = self.rule.canvas_inputs(self, first=False)
-        if self._cap is not None:
-            slot = self._cap.slot(self.rnd, go)
-            self._cap.inputs(slot, self.canvas, self.rule.unresolved, self.z, self.where, self.weight)
-        logits = self._embed_forward(self.canvas, self.lim_canvas, S, residual, where, weight,
-                                     rows=self.where if self.uniform else None)
         self.rule.decide(self, logits)
         if self._cap is not None:
             self._capture_outputs(slot, logits)

@@ -287,6 +287,14 @@ class LLM:
                                   **({} if top_p is None else {"top_p": top_p}))
         return ids, cfg, ([] if ignore_eos else self.eos_ids), stops
 
+    def _timed_decode(self, ids, cfg: DecodeConfig, eos, seed, on_block, rows: int):
+        """`_decode` and its wall time; greedy decoding without a seed uses seed 0."""
+        if seed is None and cfg.temperature == 0:
+            seed = 0
+        t0 = time.perf_counter()
+        out = self._decode(ids, cfg, eos, seed, on_block, rows=rows)
+        return out, time.perf_counter() - t0
+
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                  stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
                  on_text: Callable[[str], object] | None = None,
@@ -299,7 +307,6 @@ class LLM:
         blocks commit (returning False cancels); ``cancel``, set by another thread, stops the
         decode at the next block boundary. ``top_p`` (sampling, mask rules): the nucleus; None: the protocol's."""
         ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p)
-        temperature = cfg.temperature
         text = _IncrementalText(self._text, max_new_tokens, eos, stops)
         flags = {"cancelled": False}
 
@@ -313,24 +320,9 @@ class LLM:
                 flags["cancelled"] = True
             return not (flags["cancelled"] or text.stopped or text.full)
 
-        if seed is None and temperature == 0:
-            seed = 0
-        t0 = time.perf_counter()
-        out = self._decode(ids, cfg, eos, seed, on_block)
-        latency = time.perf_counter() - t0
+        out, latency = self._timed_decode(ids, cfg, eos, seed, on_block, 1)
         emit(text.flush())
-        if text.stopped or text.hit_eos:
-            finish = "stop"
-        elif flags["cancelled"] and out.finish_reason[0] == "cancelled" and not text.full:
-            finish = "cancelled"
-        else:
-            finish = "length"
-        completion = text.completion_ids()
-        return Generation(text=text.text, token_ids=completion, finish_reason=finish, tpf=out.tpf(True),
-                          tpf_no_commit=out.tpf(False), forwards=out.forwards(0, True),
-                          forwards_no_commit=out.forwards(0, False),
-                          request_tps=len(completion) / max(latency, 1e-9), latency_s=latency,
-                          prompt_tokens=len(ids), completion_tokens=len(completion))
+        return _generation(text, out, 0, flags["cancelled"], latency, len(ids))
 
     def generate_n(self, prompt: Prompt, n: int, max_new_tokens: int = 256, temperature: float | None = 0.0,
                    stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
@@ -342,7 +334,6 @@ class LLM:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p)
-        temperature = cfg.temperature
         texts = [_IncrementalText(self._text, max_new_tokens, eos, stops) for _ in range(n)]
         flags = {"cancelled": False}
 
@@ -353,27 +344,10 @@ class LLM:
                 flags["cancelled"] = True
             return not (flags["cancelled"] or all(t.stopped or t.full for t in texts))
 
-        if seed is None and temperature == 0:
-            seed = 0
-        t0 = time.perf_counter()
-        out = self._decode(ids, cfg, eos, seed, on_block, rows=n)
-        latency = time.perf_counter() - t0
-        gens = []
-        for r, text in enumerate(texts):
-            text.flush()
-            if text.stopped or text.hit_eos:
-                finish = "stop"
-            elif flags["cancelled"] and out.finish_reason[r] == "cancelled" and not text.full:
-                finish = "cancelled"
-            else:
-                finish = "length"
-            completion = text.completion_ids()
-            f, fnc = out.forwards(r, True), out.forwards(r, False)
-            gens.append(Generation(text=text.text, token_ids=completion, finish_reason=finish,
-                                   tpf=tpf(len(out.tokens[r]), f) or 0.0, tpf_no_commit=tpf(len(out.tokens[r]), fnc) or 0.0,
-                                   forwards=f, forwards_no_commit=fnc, request_tps=len(completion) / max(latency, 1e-9),
-                                   latency_s=latency, prompt_tokens=len(ids), completion_tokens=len(completion)))
-        return gens
+        out, latency = self._timed_decode(ids, cfg, eos, seed, on_block, n)
+        for t in texts:
+            t.flush()
+        return [_generation(t, out, r, flags["cancelled"], latency, len(ids)) for r, t in enumerate(texts)]
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                stop: str | list[str] | None = None, seed: int | None = None, *,
@@ -383,6 +357,24 @@ class LLM:
         self.check_lengths(self.count_tokens(prompt), max_new_tokens)  # fail here, not in the thread
         return Stream(self, dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                                  stop=stop, seed=seed, ignore_eos=ignore_eos, top_p=top_p))
+
+
+def _generation(text: "_IncrementalText", out: DecodeOutput, r: int, cancelled: bool, latency: float,
+                n_prompt: int) -> Generation:
+    """Row ``r`` of a decode as a `Generation`: its text (stop strings cut), finish reason, forwards
+    and TPF (`orl.decode.tpf`), and the decode's latency."""
+    if text.stopped or text.hit_eos:
+        finish = "stop"
+    elif cancelled and out.finish_reason[r] == "cancelled" and not text.full:
+        finish = "cancelled"
+    else:
+        finish = "length"
+    completion = text.completion_ids()
+    f, fnc = out.forwards(r, True), out.forwards(r, False)
+    return Generation(text=text.text, token_ids=completion, finish_reason=finish,
+                      tpf=tpf(len(out.tokens[r]), f) or 0.0, tpf_no_commit=tpf(len(out.tokens[r]), fnc) or 0.0,
+                      forwards=f, forwards_no_commit=fnc, request_tps=len(completion) / max(latency, 1e-9),
+                      latency_s=latency, prompt_tokens=n_prompt, completion_tokens=len(completion))
 
 
 def _dgemma_runtime_fits(mcfg) -> bool:
