@@ -59,7 +59,7 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def run(name: str, batches: list[int], new_tokens: int, ref_batch: int, profile: int = 0) -> None:
+def run(name: str, batches: list[int], new_tokens: int, ref_batch: int, profile: tuple = ()) -> None:
     torch._dynamo.reset()
     model, rule, rpb = family(name)
     K = model.config.block_size
@@ -70,7 +70,7 @@ def run(name: str, batches: list[int], new_tokens: int, ref_batch: int, profile:
     rows, ref_tps, ref_tps_rt = [], None, None
     for B in batches:
         try:
-            r = one_batch(model, prompt, dcfg, B, new_tokens, profile == B)
+            r = one_batch(model, prompt, dcfg, B, new_tokens, B in profile)
         except Exception as exc:  # noqa: BLE001 - report and go on to the next batch
             E.say(f"  B = {B} failed: {type(exc).__name__}: {str(exc)[:300]}")
             torch.cuda.empty_cache()
@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,16,64")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--ref-batch", type=int, default=16)
-    ap.add_argument("--profile", type=int, default=0, help="profile one round at this batch (0: none)")
+    ap.add_argument("--profile", default="", help="profile one round at these batches (comma-separated; empty: none)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     E.OUT_DIR[0], E.RESULTS_FILE[0] = a.out, "rollout_results.md"
@@ -145,7 +145,8 @@ def main() -> None:
     E.say(f"`python benchmarks/rollout.py --families {a.families} --batches {a.batches} --new-tokens {a.new_tokens} "
           f"--ref-batch {a.ref_batch}`; ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {tf / 1e12:.0f} TFLOP/s\n")
     for name in a.families.split(","):
-        run(name, [int(b) for b in a.batches.split(",")], a.new_tokens, a.ref_batch, a.profile)
+        run(name, [int(b) for b in a.batches.split(",")], a.new_tokens, a.ref_batch,
+            tuple(int(b) for b in a.profile.split(",") if b))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ class Capture:
         d["committed"].index_copy_(0, i, committed[None])
         d["active"].index_copy_(0, i, active[None])
         if self.topk:
-            lf = logits.float()
+            lf = logits.float()  # the rule's float copy when it passes one (no second pass)
             top, ids = topk_lastdim(lf, self.topk)  # log_softmax's top-k = the logits' top-k - logsumexp
             d["ids"].index_copy_(0, i, ids[None])
             d["logp"].index_copy_(0, i, (top - torch.logsumexp(lf, -1, keepdim=True))[None])

@@ -145,7 +145,7 @@ class MaskRule(_Rule):
         # the rows that take this step (the reference decoder's ``active``): an SDAR row stops once resolved
         stepping = self.active.clone() if rule == "llada" else self.active & self.unresolved.any(-1)
         probs, tok, conf, lf = self.distribution(logits)
-        self.last = (probs, tok, stepping)  # what the round chose (capture reads it right after)
+        self.last = (probs, tok, stepping, lf)  # what the round chose, and its float logits (capture reads them next)
         if rule == "llada":
             self.last_take = self._llada(rt, probs, tok, conf)
         else:

@@ -247,8 +247,8 @@ class Runtime:
         self.rnd.add_(go.long())
 
     def _capture_outputs(self, slot, logits) -> None:
-        probs, _, stepping = self.rule.last
-        self._cap.outputs(slot, logits, probs, self.rule.last_take & stepping[:, None], stepping)
+        probs, _, stepping, lf = self.rule.last
+        self._cap.outputs(slot, lf, probs, self.rule.last_take & stepping[:, None], stepping)
 
     def _end(self, S: int) -> None:
         """With ``fold_commit`` the finished block waits in ``prev`` for the next block's start;
