@@ -227,3 +227,33 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "_rollouts", boom)
     with pytest.raises(RuntimeError, match="prompts_per_step=2 x group_size=3.*checkpoint_layers"):
         train_orl(cfg, resume=False, quiet=True)
+
+
+def test_micro_batches_and_states_head_equal_one_batch(tmp_path, monkeypatch):
+    """Replay in micro-batches of whole responses (gradients accumulated), the LM head at the states'
+    tokens only, and cost-balanced rows: one step gives the one-batch step's loss metrics and weights
+    up to float rounding -- the loss sums over responses, so the parts add up exactly in real numbers."""
+    from orl.train.loop import ORLTrainer  # noqa: PLC0415
+    monkeypatch.syspath_prepend(FIXTURES)
+    start = _start(tmp_path)
+    from orl.train import loop  # noqa: PLC0415
+    groups, split = [], loop._micro_batches
+    monkeypatch.setattr(loop, "_micro_batches", lambda *a: groups.append(split(*a)) or groups[-1])
+    runs = {}
+    for name, kw in {"one": {}, "micro": dict(micro_batch_tokens=60, replay_head="states", balance=True)}.items():
+        cfg = _coin(orl_arith_smoke(start, str(tmp_path / name)))
+        cfg.loss.anchor = "frozen"
+        for k, v in kw.items():
+            setattr(cfg, k, v)
+        cfg.prompts_per_step = 4
+        tr = ORLTrainer(cfg, resume=False)
+        m = tr.step()
+        runs[name] = (m, {k: v.detach().clone() for k, v in tr.model.state_dict().items()}, tr.timing)
+    (m1, w1, _), (m2, w2, _) = runs["one"], runs["micro"]
+    assert m1["verified"] >= 3 and m1["verified"] == m2["verified"]
+    assert len(groups[0]) == 1 and len(groups[1]) >= 2  # the budget did split the step's responses
+    for k in ("loss", "loss_pred", "loss_aec", "loss_anchor"):
+        assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+    w0 = _weights(start)
+    moved = [k for k in w0 if not torch.equal(w1[k], w0[k])]
+    assert moved and all(torch.allclose(w1[k], w2[k], atol=1e-6, rtol=1e-5) for k in w1)

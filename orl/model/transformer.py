@@ -70,8 +70,10 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 residual: torch.Tensor | None = None, residual_where: torch.Tensor | None = None,
                 residual_weight: torch.Tensor | None = None, cache: KVCache | None = None,
-                store_kv: bool = False, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, V).
+                store_kv: bool = False, inputs_embeds: torch.Tensor | None = None,
+                return_hidden: bool = False) -> torch.Tensor:
+        """Logits (B, T, V); with ``return_hidden`` the final-normed hidden states (B, T, D) instead,
+        for a caller that needs logits at a few positions only (``head`` of a gather of them).
 
         tokens (B, T) int64; positions (B, T) or (T,) absolute positions; mask (B|1, T, S) or (T, S)
         bool, True = visible, S = cache.length + T with a cache else T; residual (B, T, D) z;
@@ -114,8 +116,12 @@ class Transformer(nn.Module):
                 h = layer(h, *rope[kind], masks[kind], cache, store_kv, canvas)
         if cache is not None and store_kv:
             cache.advance(positions)
-        logits = self.lm_head(self.model.norm(h))
-        return soft_cap(logits, cfg.final_logit_softcap)
+        h = self.model.norm(h)
+        return h if return_hidden else self.head(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of final-normed hidden states (..., D): the LM head and the soft cap."""
+        return soft_cap(self.lm_head(h), self.config.final_logit_softcap)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.model.embed_tokens.weight

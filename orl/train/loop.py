@@ -69,8 +69,15 @@ class ORLConfig:
                                       # AdamW state stay float32 (docs/method.md 3.2); "fp32": everything float32
     checkpoint_layers: bool = False   # activation checkpointing per decoder layer in the replay (memory for compute)
     anchor_dtype: str = "float32"     # the frozen anchor copy (loss.anchor="frozen"): "bfloat16" halves its memory
-    replay_attention: str = "dense"   # packed replay's mask: "dense" (B, T, T) for SDPA, or "flex" (a FlexAttention
+    replay_attention: str = "dense"   # packed replay's mask: "dense" (B, T, T) for SDPA, "flex" (a FlexAttention
                                       # BlockMask that skips invisible tiles; CUDA: no FlexAttention backward on CPU)
+                                      # or "triton" (orl.kernels.staircase: the same tiles skipped, its own kernels)
+    micro_batch_tokens: int = 0       # replay in micro-batches of whole responses of about this many packed tokens,
+                                      # gradients accumulated (the same loss: it sums over responses); 0: one batch
+    balance: bool = False             # fill replay rows by estimated cost (orl.train.balance) instead of in order
+    replay_head: str = "all"          # "all": LM head over every replayed token, then the states' gathered (the
+                                      # CPU recipes' numerics); "states": the head at the states' tokens only
+                                      # ((S, K, V) logits instead of (B, T, V); equal up to float rounding)
     out: str = "runs/orl"
     save_every: int = 25
     log_every: int = 1
@@ -135,46 +142,203 @@ def _rollout_runtime(cfg: ORLConfig, policy, device: str):
                    max_len=min(n, policy.config.max_position))
 
 
+class ORLTrainer:
+    """One ORL run's state and its step: ``ORLTrainer(cfg).step()`` runs one iteration (rollouts ->
+    verify -> select + pack -> one update) and returns its metrics, with the time split
+    (``t_rollout``, ``t_replay``, ``t_optim`` seconds). `train_orl` is the loop around it; a
+    benchmark may pass its own ``model`` / ``tokenizer`` / ``task`` (no start directory) and change
+    ``self.cfg`` between steps (the runtime stays captured)."""
+
+    def __init__(self, cfg: ORLConfig, resume: bool = True, model=None, tokenizer=None, task=None):
+        from ..tasks.base import check_task  # noqa: PLC0415
+        from ..tasks.registry import get_task  # noqa: PLC0415
+        from transformers import AutoTokenizer  # noqa: PLC0415
+
+        _check(cfg)
+        self.cfg = cfg
+        self.rank, self.world = rank, world = _world()
+        if model is None and (not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json"))):
+            raise FileNotFoundError(f"ORL start model {cfg.init!r} not found; train a base with `orl sft` and make "
+                                    "the start model with `orl convert scrp --in BASE --out START --gamma 8`")
+        self.task = task = check_task(task if task is not None else get_task(cfg.task, **cfg.task_kwargs))
+        self.train_problems = hasattr(task, "sample")
+        self.pool = None if self.train_problems else task.problems("train")
+        self.tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(cfg.init)
+        device = cfg.device
+        if device == "cuda" and world > 1:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+            torch.cuda.set_device(device)
+        self.device = device
+        self.model = model = model if model is not None else load_pretrained(cfg.init, device=device)
+        model.checkpoint_layers = cfg.checkpoint_layers
+        self.frozen = None
+        if cfg.loss.anchor == "frozen":  # no gradients, and optionally in bf16: not a second full-precision model
+            self.frozen = copy.deepcopy(model).to(_DTYPES[cfg.anchor_dtype]).eval().requires_grad_(False)
+            self.frozen.checkpoint_layers = False
+        self.behaviour = copy.deepcopy(model).eval().requires_grad_(False) if cfg.stale_every > 1 else None
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+        self.step_i = 0
+        ck = latest_checkpoint(cfg.out) if resume else None
+        if ck:
+            self.step_i = load_checkpoint(ck, model, self.opt)["step"]
+            if self.behaviour is not None:  # the stale policy is the weights at the last refresh step
+                self.behaviour.load_state_dict(model.state_dict())
+        self.runtime = _rollout_runtime(cfg, self.behaviour if self.behaviour is not None else model, device)
+
+    def _sync(self) -> float:
+        if str(self.device).startswith("cuda"):
+            torch.cuda.synchronize(self.device)
+        return time.time()
+
+    def step(self) -> dict:
+        cfg, model, opt, device, step = self.cfg, self.model, self.opt, self.device, self.step_i
+        _check(cfg)
+        K = cfg.decode.block_size
+        t0 = self._sync()
+        for g_ in opt.param_groups:
+            g_["lr"] = cfg.lr * lr_factor(step, cfg)
+        if self.behaviour is not None and step % cfg.stale_every == 0:
+            self.behaviour.load_state_dict(model.state_dict())
+        policy = self.behaviour if self.behaviour is not None else model
+        policy.eval()
+        runtime = self.runtime if cfg.rollout_engine != "reference" else None
+        if runtime is not None:
+            runtime.load_weights(policy)
+        # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts)
+        ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
+        mine = [i for j, i in enumerate(ids) if j % self.world == self.rank]
+        try:
+            rolls = _rollouts(cfg, policy, self.tok, self.task, self.pool, self.train_problems, mine, runtime)
+        except torch.OutOfMemoryError as e:
+            raise _oom("the rollouts", step, cfg, None) from e
+        t1 = self._sync()
+        # ---- 2. verify: only rewarded rollouts supervise
+        verified = [r for r in rolls if r.reward >= 1.0]
+        # ---- 3. select + pack
+        sels = [select_states(r, cfg.states_per_response, random.Random(f"{cfg.seed}:{step}:{r.problem_id}:{r.index}"))
+                for r in verified]
+        sels = [s for s in sels if s.states]
+        n_local = torch.tensor([len(sels)], dtype=torch.float64, device=device if self.world > 1 else "cpu")
+        if self.world > 1:
+            dist.all_reduce(n_local)
+        n_global = float(n_local.item())
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        m: dict = {}
+        n_train_tok = 0
+        if sels:
+            n_train_tok = self._replay(sels, n_global, m)
+        if self.world > 1:
+            for p in model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+        t2 = self._sync()
+        if n_global > 0:
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            m["grad_norm"] = float(gn)
+        t3 = self._sync()
+        self.step_i = step + 1
+        # ---- metrics
+        n_tok = sum(r.n_generated for r in rolls)
+        t = tpf_summary((r.n_generated, r.steps_per_block) for r in rolls)
+        t_roll, t_train = t1 - t0, t3 - t1
+        m.update(reward=sum(r.reward for r in rolls) / max(len(rolls), 1), tpf=t["tpf"],
+                 tpf_no_commit=t["tpf_no_commit"], steps_per_block=t["steps_per_block"], verified=len(verified),
+                 rollout_tokens_per_s=n_tok / max(t_roll, 1e-9), train_tokens_per_s=n_train_tok / max(t_train, 1e-9))
+        m["accuracy"] = m["reward"]
+        self.timing = {"t_rollout": t_roll, "t_replay": t2 - t1, "t_optim": t3 - t2, "rollout_tokens": n_tok,
+                       "train_tokens": n_train_tok}
+        return m
+
+    def _replay(self, sels, n_global: float, m: dict) -> int:
+        """Forward + backward of the selected states, in micro-batches of whole responses (the loss is
+        a sum over responses, so their gradients add up to the one batch's); fills ``m`` with the
+        loss metrics (averaged over micro-batches by responses). Returns the packed tokens."""
+        cfg, model, K = self.cfg, self.model, self.cfg.decode.block_size
+        n_tok = 0
+        groups = _micro_batches(sels, cfg.micro_batch_tokens, K)
+        for sub in groups:
+            batch = pack(sub, K, model.config.clean_attention, cfg.pack_mode, cfg.max_row_tokens,
+                         pad_id=self.tok.pad_token_id or 0, cost_cfg=model.config if cfg.balance else None)
+            batch = batch.to(self.device)
+            n_tok += int(batch.tokens.numel())
+            fw = dict(residual=batch.residual, residual_where=batch.residual_where,
+                      residual_weight=batch.residual_weight)
+            mask = {"dense": lambda: batch.mask, "flex": batch.block_mask,
+                    "triton": batch.staircase_mask}[cfg.replay_attention]()
+            try:
+                with torch.autocast(torch.device(self.device).type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+                    logits = _state_logits(model, batch, mask, fw, cfg.replay_head)
+                    ref = None
+                    if self.frozen is not None:
+                        with torch.no_grad():
+                            fz = {k: (v.to(_DTYPES[cfg.anchor_dtype]) if v is not None and v.is_floating_point()
+                                      else v) for k, v in fw.items()}
+                            ref = _state_logits(self.frozen, batch, mask, fz, cfg.replay_head)
+                loss, mm = orl_loss(logits.float(), batch.targets, batch.unresolved, batch.resp, batch.pairs,
+                                    batch.n_responses, cfg.loss, ref_logits=None if ref is None else ref.float(),
+                                    ref_ids=batch.ref_ids, ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy,
+                                    committed=batch.committed)
+                (loss * len(sub) / max(n_global, 1.0)).backward()
+            except torch.OutOfMemoryError as e:
+                raise _oom("the replay (forward + backward)", self.step_i, cfg, batch.tokens.shape) from e
+            del logits, ref, loss
+            w = len(sub) / len(sels)
+            for k, v in mm.items():
+                m[k] = m.get(k, 0.0) + w * v
+        return n_tok
+
+    def save(self) -> None:
+        save_checkpoint(self.cfg.out, self.step_i, self.model, self.opt, {}, tokenizer=self.tok)
+
+
+def _state_logits(model, batch, mask, fw: dict, head: str) -> torch.Tensor:
+    """(S, K, V) logits of the replayed states: the head over every token then gathered ("all"), or
+    the head at the states' tokens only ("states": the prompt and clean rows never reach it)."""
+    if head == "states":
+        return model.head(batch.gather(model(batch.tokens, batch.positions, mask, return_hidden=True, **fw)))
+    return batch.gather(model(batch.tokens, batch.positions, mask, **fw))
+
+
+def _check(cfg: ORLConfig) -> None:
+    if cfg.replay_head not in ("all", "states"):
+        raise ValueError(f"replay_head must be 'all' or 'states', got {cfg.replay_head!r}")
+    if cfg.replay_attention not in ("dense", "flex", "triton"):
+        raise ValueError(f"replay_attention must be 'dense', 'flex' or 'triton', got {cfg.replay_attention!r}")
+    if cfg.replay_attention == "flex" and not str(cfg.device).startswith("cuda"):
+        raise ValueError("replay_attention='flex' needs device='cuda' (FlexAttention has no backward on the CPU); "
+                         "use replay_attention='dense' on the CPU")
+    if cfg.micro_batch_tokens < 0:
+        raise ValueError(f"micro_batch_tokens must be >= 0 (0: one replay batch), got {cfg.micro_batch_tokens}")
+
+
+def _micro_batches(sels: list, budget: int, K: int) -> list[list]:
+    """Selections in order, cut into groups of about ``budget`` packed tokens each (a response's
+    row is its prompt, its clean response and K tokens per state); ``budget`` 0: one group."""
+    if budget <= 0:
+        return [sels]
+    groups, cur, n = [], [], 0
+    for s in sels:
+        r = s.rollout
+        size = len(r.prompt) + len(r.response) + K * len(s.states)
+        if cur and n + size > budget:
+            groups.append(cur)
+            cur, n = [], 0
+        cur.append(s)
+        n += size
+    return groups + [cur] if cur else groups
+
+
 def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
               on_eval=None) -> str:
     """Run (or resume) ORL; returns the final model directory (``out/final``)."""
     from tqdm import tqdm  # noqa: PLC0415
     from ..eval.heldout import evaluate  # noqa: PLC0415
-    from ..tasks.base import check_task  # noqa: PLC0415
-    from ..tasks.registry import get_task  # noqa: PLC0415
-    from transformers import AutoTokenizer  # noqa: PLC0415
 
-    if cfg.replay_attention not in ("dense", "flex"):
-        raise ValueError(f"replay_attention must be 'dense' or 'flex', got {cfg.replay_attention!r}")
-    if cfg.replay_attention == "flex" and not str(cfg.device).startswith("cuda"):
-        raise ValueError("replay_attention='flex' needs device='cuda' (FlexAttention has no backward on the CPU); "
-                         "use replay_attention='dense' on the CPU")
-    rank, world = _world()
-    if not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json")):
-        raise FileNotFoundError(f"ORL start model {cfg.init!r} not found; train a base with `orl sft` and make "
-                                "the start model with `orl convert scrp --in BASE --out START --gamma 8`")
-    task = check_task(get_task(cfg.task, **cfg.task_kwargs))
-    train_problems = hasattr(task, "sample")
-    pool = None if train_problems else task.problems("train")
-    tok = AutoTokenizer.from_pretrained(cfg.init)
-    device = cfg.device
-    if device == "cuda" and world > 1:
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
-        torch.cuda.set_device(device)
-    model = load_pretrained(cfg.init, device=device)
-    model.checkpoint_layers = cfg.checkpoint_layers
-    frozen = None
-    if cfg.loss.anchor == "frozen":  # no gradients, and optionally in bf16: not a second full-precision model
-        frozen = copy.deepcopy(model).to(_DTYPES[cfg.anchor_dtype]).eval().requires_grad_(False)
-        frozen.checkpoint_layers = False
-    behaviour = copy.deepcopy(model).eval().requires_grad_(False) if cfg.stale_every > 1 else None
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
-    step = 0
-    ck = latest_checkpoint(cfg.out) if resume else None
-    if ck:
-        step = load_checkpoint(ck, model, opt)["step"]
-        if behaviour is not None:  # the stale policy is the weights at the last refresh step
-            behaviour.load_state_dict(model.state_dict())
+    tr = ORLTrainer(cfg, resume=resume)
+    rank = tr.rank
     writer = None
     if rank == 0:
         try:
@@ -182,86 +346,13 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
             writer = SummaryWriter(os.path.join(cfg.out, "tb"))
         except Exception:
             pass
-    K = cfg.decode.block_size
-    runtime = _rollout_runtime(cfg, behaviour if behaviour is not None else model, device)
-    bar = tqdm(total=cfg.steps, initial=step, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
-    while step < cfg.steps:
-        t0 = time.time()
-        for g_ in opt.param_groups:
-            g_["lr"] = cfg.lr * lr_factor(step, cfg)
-        if behaviour is not None and step % cfg.stale_every == 0:
-            behaviour.load_state_dict(model.state_dict())
-        policy = behaviour if behaviour is not None else model
-        policy.eval()
-        if runtime is not None:
-            runtime.load_weights(policy)
-        # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts)
-        ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
-        mine = [i for j, i in enumerate(ids) if j % world == rank]
-        try:
-            rolls = _rollouts(cfg, policy, tok, task, pool, train_problems, mine, runtime)
-        except torch.OutOfMemoryError as e:
-            raise _oom("the rollouts", step, cfg, None) from e
-        t_roll = time.time() - t0
-        # ---- 2. verify: only rewarded rollouts supervise
-        verified = [r for r in rolls if r.reward >= 1.0]
-        # ---- 3. select + pack
-        sels = [select_states(r, cfg.states_per_response, random.Random(f"{cfg.seed}:{step}:{r.problem_id}:{r.index}"))
-                for r in verified]
-        sels = [s for s in sels if s.states]
-        n_local = torch.tensor([len(sels)], dtype=torch.float64, device=device if world > 1 else "cpu")
-        if world > 1:
-            dist.all_reduce(n_local)
-        n_global = float(n_local.item())
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        m = {}
-        t1 = time.time()
-        n_train_tok = 0
-        if sels:
-            batch = pack(sels, K, model.config.clean_attention, cfg.pack_mode, cfg.max_row_tokens,
-                         pad_id=tok.pad_token_id or 0).to(device)
-            n_train_tok = int(batch.tokens.numel())
-            fw = dict(residual=batch.residual, residual_where=batch.residual_where,
-                      residual_weight=batch.residual_weight)
-            mask = batch.mask if cfg.replay_attention == "dense" else batch.block_mask()
-            try:
-                with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=cfg.precision == "bf16"):
-                    logits = batch.gather(model(batch.tokens, batch.positions, mask, **fw))
-                    ref = None
-                    if frozen is not None:
-                        with torch.no_grad():
-                            fz = {k: (v.to(_DTYPES[cfg.anchor_dtype]) if v is not None and v.is_floating_point() else v)
-                                  for k, v in fw.items()}
-                            ref = batch.gather(frozen(batch.tokens, batch.positions, mask, **fz))
-                loss, m = orl_loss(logits.float(), batch.targets, batch.unresolved, batch.resp, batch.pairs,
-                                   batch.n_responses, cfg.loss, ref_logits=None if ref is None else ref.float(),
-                                   ref_ids=batch.ref_ids, ref_logp=batch.ref_logp, ref_entropy=batch.ref_entropy,
-                                   committed=batch.committed)
-                (loss * len(sels) / max(n_global, 1.0)).backward()
-            except torch.OutOfMemoryError as e:
-                raise _oom("the replay (forward + backward)", step, cfg, batch.tokens.shape) from e
-        if world > 1:
-            for p in model.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-        if n_global > 0:
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            m["grad_norm"] = float(gn)
-        t_train = time.time() - t1
-        step += 1
-        # ---- metrics
-        n_tok = sum(r.n_generated for r in rolls)
-        t = tpf_summary((r.n_generated, r.steps_per_block) for r in rolls)
-        m.update(reward=sum(r.reward for r in rolls) / max(len(rolls), 1), tpf=t["tpf"],
-                 tpf_no_commit=t["tpf_no_commit"], steps_per_block=t["steps_per_block"], verified=len(verified),
-                 rollout_tokens_per_s=n_tok / max(t_roll, 1e-9), train_tokens_per_s=n_train_tok / max(t_train, 1e-9))
-        m["accuracy"] = m["reward"]
+    bar = tqdm(total=cfg.steps, initial=tr.step_i, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
+    while tr.step_i < cfg.steps:
+        m = tr.step()
+        step = tr.step_i
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and rank == 0:
-            model.eval()
-            ev = evaluate(model, tok, task, task.problems("test")[:cfg.eval_n], cfg.eval_decode or
+            tr.model.eval()
+            ev = evaluate(tr.model, tr.tok, tr.task, tr.task.problems("test")[:cfg.eval_n], cfg.eval_decode or
                           dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat)
             m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
                                                                       "steps_per_block")})
@@ -277,13 +368,13 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
                 for k, v in m.items():
                     writer.add_scalar(f"orl/{k}", v, step)
             if step % cfg.save_every == 0 or step == cfg.steps:
-                save_checkpoint(cfg.out, step, model, opt, {}, tokenizer=tok)
+                tr.save()
         if stop_after is not None and step >= stop_after:
             break
     bar.close()
     if writer:
         writer.close()
     final = os.path.join(cfg.out, "final")
-    if step >= cfg.steps and rank == 0:
-        save_pretrained(model, final, tokenizer=tok)
+    if tr.step_i >= cfg.steps and rank == 0:
+        save_pretrained(tr.model, final, tokenizer=tr.tok)
     return final
