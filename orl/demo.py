@@ -2,9 +2,13 @@
 
 1. SFT a small block-diffusion model on multi-term addition with worked steps (or reuse the one
    already in ``--out``), 2. measure held-out accuracy and TPF with the family's decoder,
-3. make the ORL start model (pathway rescaled, gamma 8), 4. run ORL, 5. measure again, then print a
-before/after table and write ``summary.json``, ``orl_curve.png`` and ``metrics.jsonl``.
-Each stage resumes from what ``--out`` already holds, so a killed demo continues where it stopped.
+3. make the ORL start model (pathway rescaled, gamma 8), 4. run ORL, 5. measure again, 6. sweep both
+models over the decoder's knob (``--sweep``, threshold for this recipe) and compare their
+accuracy-vs-TPF frontiers (`orl.eval.frontier`): the headline is the frontier gain (TPF ratio at the
+base's best accuracy - 1 point, with a bootstrap interval), the one-setting before/after table is
+secondary. Writes ``summary.json`` (its ``frontier`` block), ``frontier.png``, ``orl_curve.png`` and
+``metrics.jsonl``. Each stage resumes from what ``--out`` already holds, so a killed demo continues
+where it stopped.
 """
 from __future__ import annotations
 
@@ -17,16 +21,36 @@ import time
 import torch
 
 
-def _eval(model_dir: str, task, n: int, dcfg) -> dict:
+def _load(model_dir: str):
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    from .eval.heldout import evaluate  # noqa: PLC0415
     from .model import load_pretrained  # noqa: PLC0415
-    model = load_pretrained(model_dir).eval()
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    return load_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def _eval(model_dir: str, task, n: int, dcfg) -> dict:
+    """One setting: `evaluate`'s summary plus mean completion length and filler share (no records)."""
+    from .eval.frontier import filler_share  # noqa: PLC0415
+    from .eval.heldout import evaluate  # noqa: PLC0415
+    model, tok = _load(model_dir)
     r = evaluate(model, tok, task, task.problems("test")[:n], dcfg)
-    r.pop("records")
+    fs = filler_share([tok.decode([i]) for i in x["token_ids"]] for x in r.pop("records"))
+    r.update(mean_length=fs["mean_length"], filler_share=fs["share"])
     return r
+
+
+def _frontier(out: str, dirs: dict[str, str], task, n: int, dcfg, values, n_boot: int) -> dict:
+    """Sweep each model over ``values`` on the first ``n`` held-out problems; the frontier block."""
+    from .eval import frontier as F  # noqa: PLC0415
+    rows = {}
+    for name, d in dirs.items():
+        model, tok = _load(d)
+        rows[name] = F.sweep(model, tok, task, task.problems("test")[:n], dcfg, values)
+    names = tuple(dirs)
+    block = F.frontier_block(rows[names[0]], rows[names[1]], n_boot=n_boot, names=names)
+    block["n"] = n
+    F.plot(block["curves"], os.path.join(out, "frontier.png"), block)
+    return block
 
 
 def _plot(metrics_path: str, out_png: str, base: dict) -> None:
@@ -52,7 +76,11 @@ def _plot(metrics_path: str, out_png: str, base: dict) -> None:
 
 
 def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "arith_sft", orl_recipe: str = "orl_arith",
-             sets_sft=(), sets_orl=(), gamma: float = 8.0, quiet: bool = False) -> dict:
+             sets_sft=(), sets_orl=(), gamma: float = 8.0, quiet: bool = False, sweep=None,
+             n_sweep: int | None = None, n_boot: int = 1000) -> dict:
+    """The demo; ``sweep``: knob values of the frontier (None: the rule's default grid,
+    `orl.eval.frontier.GRIDS`, plus the recipe's setting; an empty sequence: no frontier);
+    ``n_sweep``: held-out problems per sweep point (None: ``n_eval``)."""
     from .model.convert import make_orl_start  # noqa: PLC0415
     from .recipes import apply_overrides, get_recipe  # noqa: PLC0415
     from .tasks.registry import get_task  # noqa: PLC0415
@@ -62,41 +90,64 @@ def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "arith_sft", orl_rec
     t0 = time.time()
     os.makedirs(out, exist_ok=True)
     sft = apply_overrides(get_recipe(sft_recipe, out=os.path.join(out, "sft")), list(sets_sft))
-    print(f"[1/5] SFT of the base model ({sft.total_steps} steps) -> {sft.out}", flush=True)
+    print(f"[1/6] SFT of the base model ({sft.total_steps} steps) -> {sft.out}", flush=True)
     base_dir = train_sft(sft, resume=True, quiet=quiet)
     task = get_task(sft.task, **sft.task_kwargs)
     start = os.path.join(out, "start")
     orl = apply_overrides(get_recipe(orl_recipe, init=start, out=os.path.join(out, "orl")), list(sets_orl))
     dcfg = orl.eval_decode
-    print(f"[2/5] held-out evaluation of the base ({n_eval} problems)", flush=True)
+    print(f"[2/6] held-out evaluation of the base ({n_eval} problems)", flush=True)
     base = _eval(base_dir, task, n_eval, dcfg)
     print(f"      base: accuracy {base['accuracy']:.3f}  TPF {base['tpf']:.2f}", flush=True)
-    print(f"[3/5] ORL start model (residual pathway gamma = {gamma}) -> {start}", flush=True)
+    print(f"[3/6] ORL start model (residual pathway gamma = {gamma}) -> {start}", flush=True)
     if not os.path.exists(os.path.join(start, "config.json")):
         make_orl_start(base_dir, start, gamma)
-    print(f"[4/5] ORL ({orl.steps} steps, {orl.prompts_per_step} prompts x {orl.group_size} rollouts)", flush=True)
+    print(f"[4/6] ORL ({orl.steps} steps, {orl.prompts_per_step} prompts x {orl.group_size} rollouts)", flush=True)
     final = train_orl(orl, resume=True, quiet=quiet)
-    print(f"[5/5] held-out evaluation of the ORL model ({n_eval} problems)", flush=True)
+    print(f"[5/6] held-out evaluation of the ORL model ({n_eval} problems)", flush=True)
     after = _eval(final, task, n_eval, dcfg)
-    keys = ("accuracy", "tpf", "tpf_no_commit", "steps_per_block")
+    print(f"      ORL: accuracy {after['accuracy']:.3f}  TPF {after['tpf']:.2f}", flush=True)
+    block = None
+    if sweep is None or len(sweep):
+        from .eval.frontier import KNOBS, headline, knob_grid, table  # noqa: PLC0415
+        values = knob_grid(dcfg, None if sweep is None else sweep)
+        n_sw = n_eval if n_sweep is None else n_sweep
+        print(f"[6/6] frontier: both models at {KNOBS[dcfg.rule]} {', '.join(f'{v:g}' for v in values)} "
+              f"({n_sw} problems each)", flush=True)
+        block = _frontier(out, {"base": base_dir, "orl": final}, task, n_sw, dcfg, values, n_boot)
+    keys = ("accuracy", "tpf", "tpf_no_commit", "steps_per_block", "mean_length", "filler_share")
     summary = {"base": {k: base[k] for k in keys}, "orl": {k: after[k] for k in keys}, "n_eval": n_eval,
                "tpf_ratio": after["tpf"] / max(base["tpf"], 1e-9),
                "accuracy_delta_points": 100 * (after["accuracy"] - base["accuracy"]),
                "decode": dcfg.to_dict(), "machine": f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}",
                "seconds": time.time() - t0}
+    if block is not None:
+        summary["frontier"] = block
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     metrics = os.path.join(orl.out, "metrics.jsonl")
     if os.path.exists(metrics):
         _plot(metrics, os.path.join(out, "orl_curve.png"), base)
-    print("\n| model | held-out accuracy | TPF (with commit) | TPF (no commit) | steps/block |")
-    print("|---|---|---|---|---|")
+    print(f"\nOne setting ({_setting(dcfg)}, n = {n_eval}; secondary: read both models on their frontiers):\n")
+    print("| model | held-out accuracy | TPF (with commit) | TPF (no commit) | steps/block | mean length | filler |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in (("base (SFT)", base), ("ORL", after)):
         print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tpf']:.2f} | {r['tpf_no_commit']:.2f} | "
-              f"{r['steps_per_block']:.2f} |")
-    print(f"\nTPF x{summary['tpf_ratio']:.2f}, accuracy {summary['accuracy_delta_points']:+.1f} points, "
-          f"n = {n_eval}, {summary['seconds'] / 60:.1f} min; wrote {out}/summary.json")
+              f"{r['steps_per_block']:.2f} | {r['mean_length']:.1f} | {100 * r['filler_share']:.1f}% |")
+    print(f"\none setting: TPF x{summary['tpf_ratio']:.2f}, accuracy {summary['accuracy_delta_points']:+.1f} points")
+    if block is not None:
+        print(f"\nAccuracy vs TPF, {block['n']} held-out problems per setting (* = on the model's frontier):\n")
+        print(table(block))
+        print(f"\n{headline(block)}")
+    print(f"\n{summary['seconds'] / 60:.1f} min; wrote {out}/summary.json"
+          + (f" and {out}/frontier.png" if block is not None else ""))
     return summary
+
+
+def _setting(dcfg) -> str:
+    from .eval.frontier import KNOBS  # noqa: PLC0415
+    field = KNOBS.get(dcfg.rule)
+    return f"rule {dcfg.rule}, {field} {getattr(dcfg, field):g}" if field else f"rule {dcfg.rule}"
 
 
 def cli(argv: list[str]) -> int:
@@ -110,6 +161,13 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--set-orl", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--gamma", type=float, default=8.0)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--sweep", default=None, metavar="V1,V2,...",
+                    help="knob values of the frontier sweep (default: the decoder rule's grid plus the recipe's "
+                         "setting; 'off': no sweep)")
+    ap.add_argument("--n-sweep", type=int, default=None, help="held-out problems per sweep point (default: --n-eval)")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the frontier gain's interval")
     a = ap.parse_args(argv)
-    run_demo(a.out, a.n_eval, a.sft_recipe, a.orl_recipe, a.set_sft, a.set_orl, a.gamma, a.quiet)
+    sweep = None if a.sweep is None else (() if a.sweep == "off" else [float(v) for v in a.sweep.split(",") if v])
+    run_demo(a.out, a.n_eval, a.sft_recipe, a.orl_recipe, a.set_sft, a.set_orl, a.gamma, a.quiet, sweep=sweep,
+             n_sweep=a.n_sweep, n_boot=a.n_boot)
     return 0

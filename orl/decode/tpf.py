@@ -5,10 +5,21 @@ cache-commit forward that writes the finished block's keys/values; HF / Diffusio
 denoising forwards only. Every TPF the project reports -- a decode (`DecodeOutput.tpf`), an ORL
 step's rollouts, a held-out evaluation, a benchmark's scored generations -- is total generated
 tokens / total forwards over the set, from these functions.
+
+Generated tokens are counted one way everywhere (`generated_tokens`): the completion's tokens plus
+the EOS that ended it, if one did; nothing after that EOS (the rest of its block) counts. The EOS
+is a token the decoder committed with the same forwards as the text before it, and the decoder's
+own outputs (`DecodeOutput.tokens`, ORL rollouts' ``n_generated``) already count it.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+
+def generated_tokens(completion_tokens: int, ended_at_eos: bool) -> int:
+    """The TPF numerator of one response: ``completion_tokens`` (the text's tokens, EOS excluded)
+    plus one for the EOS when the response ended at one (not at the token budget)."""
+    return completion_tokens + int(bool(ended_at_eos))
 
 
 def forwards(steps_per_block: Iterable[int], commit: bool = True) -> int:

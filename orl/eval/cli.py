@@ -4,11 +4,15 @@
   orl eval generate  --model M --prepared DIR --out FILE [--role R] [--max-new-tokens N] [--set k=v]
   orl eval score     --generations FILE --prepared DIR --out FILE
   orl eval main-table --model M --family F --role R [--limit N] [--out DIR] [--mbpp PATH]
+  orl eval frontier  --base DIR --model DIR --out DIR [--task T | --recipe R] [--sweep V,...] [--limit N]
 
 Generation runs the model in this process; scoring runs every verifier in worker processes and
 every program in the sandbox, so a hostile completion cannot touch the generator. The decoding
 protocol (family, role, block size, thresholds, steps, max new tokens, temperature, chat template)
 is printed into every output file's header.
+``frontier`` sweeps a base and a trained model over the decoder's knob on a task's held-out
+problems (in process, `orl.eval.heldout`) and writes ``frontier.json`` and ``frontier.png``: both
+accuracy-vs-TPF curves and the frontier gain with its bootstrap interval (`orl.eval.frontier`).
 """
 from __future__ import annotations
 
@@ -26,10 +30,14 @@ def _llm(model: str, role: str, device: str, sets: list[str]):
 
 
 def _generate_fn(llm, max_new_tokens: int):
+    from ..decode.tpf import generated_tokens  # noqa: PLC0415
+
     def fn(prompt: str) -> dict:
         g = llm.generate(prompt, max_new_tokens=max_new_tokens, temperature=0.0)
-        return {"completion": g.text, "n_tokens": g.completion_tokens, "forwards": g.forwards,
-                "forwards_no_commit": g.forwards_no_commit, "latency_s": g.latency_s}
+        # no stop strings here, so "stop" means the EOS; counted as the in-process evaluator counts
+        n = generated_tokens(g.completion_tokens, g.finish_reason == "stop")
+        return {"completion": g.text, "n_tokens": n, "completion_tokens": g.completion_tokens,
+                "forwards": g.forwards, "forwards_no_commit": g.forwards_no_commit, "latency_s": g.latency_s}
     return fn
 
 
@@ -53,6 +61,46 @@ def run_task(llm, task: str, out: Path, limit: int | None, max_new_tokens: int, 
     gen = out / f"{task}.generations.jsonl"
     generate_jsonl(inputs, gen, _generate_fn(llm, max_new_tokens), _protocol(llm, max_new_tokens), limit=limit)
     return score_jsonl(gen, inputs, out / f"{task}.scored.jsonl")
+
+
+def run_frontier(a) -> int:
+    """`orl eval frontier`: both models swept with one decoding protocol, the frontier block written."""
+    import dataclasses  # noqa: PLC0415
+
+    from ..decode import protocol  # noqa: PLC0415
+    from ..model import load_pretrained  # noqa: PLC0415
+    from ..recipes import get_recipe  # noqa: PLC0415
+    from ..recipes.overrides import parse_sets  # noqa: PLC0415
+    from ..tasks.registry import get_task  # noqa: PLC0415
+    from ..tokenizer import load_tokenizer  # noqa: PLC0415
+    from . import frontier as F  # noqa: PLC0415
+    models = {name: (load_pretrained(d, device=a.device).eval(), load_tokenizer(d))
+              for name, d in (("base", a.base), ("model", a.model))}
+    mcfg = models["base"][0].config
+    task_name, task_kw = a.task, parse_sets(a.task_kw)
+    if a.recipe:  # the recipe's held-out protocol and task (e.g. orl_arith for the demo's models)
+        r = get_recipe(a.recipe)
+        if getattr(r, "eval_decode", None) is None:
+            raise ValueError(f"recipe {a.recipe!r} has no eval_decode (an ORL recipe has); use --set instead")
+        dcfg, task_name, task_kw = r.eval_decode, a.task or r.task, {**r.task_kwargs, **task_kw}
+        dcfg = dataclasses.replace(dcfg, **parse_sets(a.set))
+    else:
+        dcfg = protocol(mcfg.family, "base", **{"block_size": mcfg.block_size, **parse_sets(a.set)})
+    task = get_task(task_name or "arith", **task_kw)
+    problems = task.problems("test")[:a.limit]
+    values = None if a.sweep is None else [float(v) for v in a.sweep.split(",") if v]
+    rows = {}
+    for name, (model, tok) in models.items():
+        rows[name] = F.sweep(model, tok, task, problems, dcfg, values, chat=a.chat)
+    block = F.frontier_block(rows["base"], rows["model"], drop=a.drop, n_boot=a.n_boot, names=("base", "model"))
+    block.update(n=len(problems), task=task.name, base=a.base, model=a.model, decode=dcfg.to_dict())
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "frontier.json").write_text(json.dumps(block, indent=2) + "\n")
+    F.plot(block["curves"], str(out / "frontier.png"), block)
+    print(F.table(block))
+    print(f"\n{F.headline(block)}\nwrote {out / 'frontier.json'} and {out / 'frontier.png'}")
+    return 0
 
 
 def cli(argv: list[str]) -> int:
@@ -85,7 +133,24 @@ def cli(argv: list[str]) -> int:
     t.add_argument("--tasks", default=",".join(MAIN))
     t.add_argument("--mbpp", help="local MBPP file (MBPP ships in no package; see orl/tasks/mbpp.py)")
     t.add_argument("--mbpp-sha256", help="expected sha256 of --mbpp when it is not the public file")
+    fr = sub.add_parser("frontier", help="accuracy-vs-TPF frontiers of a base and a trained model (held-out)")
+    fr.add_argument("--base", required=True, help="the base model's checkpoint directory")
+    fr.add_argument("--model", required=True, help="the trained (e.g. ORL) model's checkpoint directory")
+    fr.add_argument("--out", required=True)
+    fr.add_argument("--task", help="task name or module:function (default: the recipe's, else arith)")
+    fr.add_argument("--task-kw", action="append", default=[], metavar="KEY=VALUE", help="task option")
+    fr.add_argument("--recipe", help="take the held-out decoding protocol and task from this ORL recipe")
+    fr.add_argument("--sweep", metavar="V1,V2,...", help="knob values (default: the rule's grid, "
+                                                          "orl.eval.frontier.GRIDS); the protocol's own is added")
+    fr.add_argument("--limit", type=int, help="first N held-out problems")
+    fr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="decoding protocol override")
+    fr.add_argument("--drop", type=float, default=0.01, help="the level: base's best accuracy minus this")
+    fr.add_argument("--n-boot", type=int, default=1000)
+    fr.add_argument("--chat", action="store_true", help="render prompts with the tokenizer's chat template")
+    fr.add_argument("--device", default="cpu")
     a = ap.parse_args(argv)
+    if a.op == "frontier":
+        return run_frontier(a)
 
     if a.op == "prepare":
         from ..tokenizer import load_tokenizer  # noqa: PLC0415

@@ -2,9 +2,10 @@
 
 ``generate_jsonl(prepared_dir, out_path, generate_fn, protocol)`` calls ``generate_fn(prompt)``
 once per problem not yet in ``out_path``. ``generate_fn`` returns a dict with at least
-``completion`` (text), ``n_tokens`` (generated tokens), ``forwards`` (all forward passes,
-including one cache-commit forward per block: ORL's TPF convention), ``forwards_no_commit``
-(denoising forwards only: the Hugging Face convention) and ``latency_s``; other keys are kept.
+``completion`` (text), ``n_tokens`` (generated tokens, counted as `orl.decode.tpf.generated_tokens`:
+the EOS that ended a completion included), ``forwards`` (all forward passes, including one
+cache-commit forward per block: ORL's TPF convention), ``forwards_no_commit`` (denoising forwards
+only: the Hugging Face convention) and ``latency_s``; other keys are kept.
 
 The file's first line is ``{"type": "header", "protocol": ..., "manifest_sha256": ...}``:
 ``protocol`` is the caller's description of everything that decides the outputs (model,

@@ -7,8 +7,9 @@ from inside ``verify``. Results go to an append-only, resumable scored JSONL (he
 ``{"type": "score", "id", "score", "error", ...}`` line per problem), and the aggregate comes back:
 
 * ``accuracy``: mean score over scored problems (a fraction; tables print percent);
-* ``tpf`` / ``tpf_no_commit``: total generated tokens / total forwards (with / without the
-  per-block cache-commit forward), i.e. token-weighted, over the same problems;
+* ``tpf`` / ``tpf_no_commit``: total generated tokens (``n_tokens`` as generated: EOS included,
+  `orl.decode.tpf.generated_tokens`, as `orl.eval.heldout` counts) / total forwards (with / without
+  the per-block cache-commit forward), i.e. token-weighted, over the same problems;
 * ``tpf_mean``: the unweighted mean of per-problem TPF, for comparison;
 * ``n`` scored, ``n_expected`` prepared, ``n_errors`` verifier errors or timeouts.
 
