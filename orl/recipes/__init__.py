@@ -1,5 +1,6 @@
 """Recipes: full runs as Python functions returning config dataclasses (docs/STYLE.md convention 1),
-one module per task (`arith`: SFT of the demo's base; `orl_arith`: ORL on it), and their lookup.
+one module per task (`arith`: SFT of the demo's base; `orl_arith`: ORL on it; `suite`: both for each
+family of the embedded task suite), and their lookup.
 
 Variants call a base recipe and change fields; the command line changes more with ``--set``
 (`orl.recipes.overrides`, re-exported here).

@@ -24,6 +24,10 @@ BUILTIN: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mbpp-sanitized": ("orl.tasks.mbpp", "MBPP", {"variant": "sanitized"}),
     "mmlu-pro": ("orl.tasks.mmlu_pro", "MMLUPro", {}),
     "aime": ("orl.tasks.aime", "AIME", {}),
+    "carry_add": ("orl.tasks.suite", "CarryTask", {"op": "+"}),
+    "carry_mul": ("orl.tasks.suite", "CarryTask", {"op": "*"}),
+    "chain": ("orl.tasks.suite", "ChainTask", {}),
+    "string": ("orl.tasks.suite", "StringTask", {}),
 }
 
 
