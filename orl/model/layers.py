@@ -85,7 +85,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache=None, store_kv: bool = False) -> torch.Tensor:
         """x (B, T, D); cos/sin (B, T, hd); mask (B|1, T, S) bool, True = visible, or a FlexAttention
-        BlockMask of the same visibility (no cache); returns (B, T, D)."""
+        BlockMask or an `orl.kernels.staircase.StaircaseMask` of the same visibility (no cache);
+        returns (B, T, D)."""
         B, T, _ = x.shape
         H, Hkv, hd = self.cfg.num_heads, self.Hkv, self.hd
         q = self.q_proj(x).view(B, T, H, hd)
@@ -102,10 +103,29 @@ class Attention(nn.Module):
         if isinstance(mask, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=self.scale,
                                                  enable_gqa=H != Hkv)
+        elif type(mask).__name__ == "StaircaseMask":  # `orl.kernels.staircase`: Triton, invisible tiles skipped
+            from ..kernels.staircase import staircase_attention  # noqa: PLC0415
+            dev = q.device.type  # one dtype for the kernel: autocast's (as SDPA would cast), else q's
+            dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
+            out = staircase_attention(q.to(dt), k.to(dt), v.to(dt), mask, self.scale)
         else:  # a FlexAttention BlockMask (`orl.model.masks.staircase_block_mask`): invisible tiles skipped
-            from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415
-            out = flex_attention(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
+            out = _flex(q.device)(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * hd))
+
+
+_FLEX: list = []
+
+
+def _flex(device: torch.device):
+    """FlexAttention, compiled once on first use with CUDA tensors (eager FlexAttention materialises every
+    score; compiled, it runs one fused kernel that skips the BlockMask's empty tiles). On the CPU
+    (forward only: tests) the eager function."""
+    from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415
+    if device.type != "cuda":
+        return flex_attention
+    if not _FLEX:
+        _FLEX.append(torch.compile(flex_attention))  # shapes turn dynamic on a second T
+    return _FLEX[0]
 
 
 def _act(name: str):
