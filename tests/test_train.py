@@ -136,24 +136,40 @@ def test_bad_custom_task_fails_before_rollout(tmp_path, monkeypatch):
 
 
 def test_torchrun_two_processes_match_one(tmp_path):
-    """Data parallelism over gloo: 2 ranks x half the prompts == 1 process x all prompts."""
+    """FSDP2 data parallelism over gloo: 2 ranks x half the prompts == 1 process x all prompts (every
+    step's loss metrics and the weights), and a 2-rank run's DCP checkpoint resumes in 1 process to
+    the 1-process run's end (a different number of ranks)."""
+    import json  # noqa: PLC0415
     start = _start(tmp_path)
     env = {**os.environ, "PYTHONPATH": FIXTURES + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     common = ["--recipe", "orl_arith_smoke", "--init", start, "--task", "coin_task:make_task", "--quiet",
-              "--set", "steps=2", "--set", "prompts_per_step=4", "--set", "decode.max_new_tokens=32",
-              "--set", "eval_decode.max_new_tokens=32"]
-    one = subprocess.run([sys.executable, "-m", "orl.cli", "train", "--out", str(tmp_path / "one"), *common],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
-    # --standalone: torchrun picks a free port itself (a fixed port collides with other runs)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "orl.cli", "train", "--out", str(tmp_path / "two"), *common],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-2000:]
-    a, b = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
-    assert set(a) == set(b)
+              "--set", "steps=3", "--set", "prompts_per_step=4", "--set", "decode.max_new_tokens=32",
+              "--set", "eval_decode.max_new_tokens=32", "--set", "save_every=2"]
+
+    def run(out, ranks, *extra):
+        pre = [sys.executable, "-m", "orl.cli"] if ranks == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), "-m", "orl.cli"]
+        # --standalone: torchrun picks a free port itself (a fixed port collides with other runs)
+        r = subprocess.run([*pre, "train", "--out", str(tmp_path / out), *common, *extra], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    def losses(out):
+        rows = [json.loads(line) for line in open(tmp_path / out / "metrics.jsonl")]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    run("one", 1)
+    run("two", 2, "--stop-after", "2")  # 2 ranks for 2 steps; the checkpoint of step 2 is a DCP one
+    a, b = _weights(tmp_path / "one" / "checkpoints" / "step_00000002"), \
+        _weights(tmp_path / "two" / "checkpoints" / "step_00000002")
+    assert set(a) == set(b) and not _same(a, _weights(start))
     assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
-    assert not _same(a, _weights(start))
+    l1, l2 = losses("one"), losses("two")
+    assert sorted(l2) == [1, 2] and all(l2[s] == pytest.approx(l1[s], rel=1e-4) for s in l2)
+    run("two", 1)                       # resumed at step 2 by one process: the third step
+    a, b = _weights(tmp_path / "one" / "final"), _weights(tmp_path / "two" / "final")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+    assert losses("two")[3] == pytest.approx(l1[3], rel=1e-4)
 
 
 def test_overrides_parse_values_by_field():

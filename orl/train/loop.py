@@ -4,8 +4,9 @@ One readable on-policy step per iteration. Rollouts use the current weights (str
 ``stale_every`` > 1 reuses an older rollout policy for the off-policy ablation). Only verified
 rollouts supervise. Data and rollout randomness are functions of (seed, step), so a resumed run
 ends in the same state as an uninterrupted one (tested). Under ``torchrun`` each rank rolls out a
-slice of the prompts, losses are normalised over the global number of responses, and gradients
-are summed across ranks before the optimiser step.
+slice of the prompts with a full copy of the weights, the trained model is sharded with FSDP2,
+losses are normalised over the global number of responses and gradients summed across ranks
+(`orl.train.distributed`); checkpoints go through DCP and resume on any number of ranks.
 Does not own: decoding (`orl.decode`), capture (`rollout`), packing (`pack`), losses (`losses`).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..decode import DecodeConfig
 from ..decode.rng import CounterRNG
 from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
+from . import distributed as D
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .losses import LossConfig, orl_loss
 from .pack import pack, select_states
@@ -176,14 +178,35 @@ class ORLTrainer:
             self.frozen = copy.deepcopy(model).to(_DTYPES[cfg.anchor_dtype]).eval().requires_grad_(False)
             self.frozen.checkpoint_layers = False
         self.behaviour = copy.deepcopy(model).eval().requires_grad_(False) if cfg.stale_every > 1 else None
+        # under torchrun: FSDP2 shards the trained model; the rollouts decode with a full copy (orl.train.distributed)
+        self.sharded = world > 1
+        self.replica = None
+        if self.sharded:
+            self.replica = D.make_replica(model) if self.behaviour is None else None
+            D.shard(model)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         self.step_i = 0
         ck = latest_checkpoint(cfg.out) if resume else None
         if ck:
             self.step_i = load_checkpoint(ck, model, self.opt)["step"]
             if self.behaviour is not None:  # the stale policy is the weights at the last refresh step
-                self.behaviour.load_state_dict(model.state_dict())
-        self.runtime = _rollout_runtime(cfg, self.behaviour if self.behaviour is not None else model, device)
+                self.behaviour.load_state_dict(self._state())
+        self.runtime = _rollout_runtime(cfg, self.policy(refresh=True), device)
+
+    def _state(self) -> dict:
+        """The trained model's full state dict (a collective when sharded)."""
+        return D.full_state(self.model) if self.sharded else self.model.state_dict()
+
+    def policy(self, refresh: bool = False):
+        """The model the rollouts decode with: the stale behaviour copy, the full replica of a
+        sharded model (``refresh``: its weights from the shards now; every rank calls), or the model."""
+        if self.behaviour is not None:
+            return self.behaviour
+        if self.replica is not None:
+            if refresh:
+                self.replica.load_state_dict(self._state())
+            return self.replica
+        return self.model
 
     def _sync(self) -> float:
         if str(self.device).startswith("cuda"):
@@ -198,8 +221,8 @@ class ORLTrainer:
         for g_ in opt.param_groups:
             g_["lr"] = cfg.lr * lr_factor(step, cfg)
         if self.behaviour is not None and step % cfg.stale_every == 0:
-            self.behaviour.load_state_dict(model.state_dict())
-        policy = self.behaviour if self.behaviour is not None else model
+            self.behaviour.load_state_dict(self._state())
+        policy = self.policy(refresh=True)
         policy.eval()
         runtime = self.runtime if cfg.rollout_engine != "reference" else None
         if runtime is not None:
@@ -226,18 +249,18 @@ class ORLTrainer:
         opt.zero_grad(set_to_none=True)
         m: dict = {}
         n_train_tok = 0
-        if sels:
+        if n_global > 0:  # every rank takes part in as many micro-batches (FSDP2's collectives)
             n_train_tok = self._replay(sels, n_global, m)
-        if self.world > 1:
-            for p in model.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
+            if self.world > 1:  # the loss metrics of all ranks' responses, as one process reports them
+                w = len(sels) / n_global
+                t = torch.tensor([m.get(k, 0.0) * w for k in _REDUCED], dtype=torch.float64, device=n_local.device)
+                dist.all_reduce(t)
+                m.update(zip(_REDUCED, t.tolist()))
         t2 = self._sync()
         if n_global > 0:
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            m["grad_norm"] = float(gn)
+            m["grad_norm"] = D.grad_norm(gn)
         t3 = self._sync()
         self.step_i = step + 1
         # ---- metrics
@@ -258,7 +281,8 @@ class ORLTrainer:
         loss metrics (averaged over micro-batches by responses). Returns the packed tokens."""
         cfg, model, K = self.cfg, self.model, self.cfg.decode.block_size
         n_tok = 0
-        groups = _micro_batches(sels, cfg.micro_batch_tokens, K)
+        groups = _micro_batches(sels, cfg.micro_batch_tokens, K) if sels else []
+        idle = D.max_over_ranks(len(groups), self.device) - len(groups) if self.sharded else 0
         for sub in groups:
             batch = pack(sub, K, model.config.clean_attention, cfg.pack_mode, cfg.max_row_tokens,
                          pad_id=self.tok.pad_token_id or 0, cost_cfg=model.config if cfg.balance else None)
@@ -288,10 +312,23 @@ class ORLTrainer:
             w = len(sub) / len(sels)
             for k, v in mm.items():
                 m[k] = m.get(k, 0.0) + w * v
+        for _ in range(idle):
+            D.idle_pass(model, self.device)
         return n_tok
 
     def save(self) -> None:
-        save_checkpoint(self.cfg.out, self.step_i, self.model, self.opt, {}, tokenizer=self.tok)
+        """A checkpoint of this step (every rank calls it)."""
+        full = self.policy(refresh=True) if self.replica is not None else None
+        save_checkpoint(self.cfg.out, self.step_i, self.model, self.opt, {}, tokenizer=self.tok, full_model=full)
+
+    def eval_model(self):
+        """The model with this step's weights, unsharded (every rank calls it; rank 0 evaluates)."""
+        return self.policy(refresh=True) if self.replica is not None else self.model
+
+
+# loss metrics averaged over every rank's responses (the others, e.g. entropy_contraction, stay this rank's)
+_REDUCED = ("loss", "loss_pred", "loss_aec", "loss_anchor", "ce_unresolved", "entropy_unresolved", "gate_frac",
+            "anchor_frac")
 
 
 def _state_logits(model, batch, mask, fw: dict, head: str) -> torch.Tensor:
@@ -350,14 +387,16 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
     while tr.step_i < cfg.steps:
         m = tr.step()
         step = tr.step_i
-        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and rank == 0:
-            tr.model.eval()
-            ev = evaluate(tr.model, tr.tok, tr.task, tr.task.problems("test")[:cfg.eval_n], cfg.eval_decode or
-                          dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat)
-            m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
-                                                                      "steps_per_block")})
-            if on_eval:
-                on_eval(step, ev)
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            em = tr.eval_model()  # every rank: unsharding is a collective; rank 0 evaluates
+            if rank == 0:
+                em.eval()
+                ev = evaluate(em, tr.tok, tr.task, tr.task.problems("test")[:cfg.eval_n], cfg.eval_decode or
+                              dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat)
+                m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
+                                                                          "steps_per_block")})
+                if on_eval:
+                    on_eval(step, ev)
         if rank == 0:  # append-only metrics log (after a resume a step may appear twice: last one wins)
             os.makedirs(cfg.out, exist_ok=True)
             with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
@@ -367,14 +406,16 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
             if writer and (step % cfg.log_every == 0):
                 for k, v in m.items():
                     writer.add_scalar(f"orl/{k}", v, step)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                tr.save()
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            tr.save()
         if stop_after is not None and step >= stop_after:
             break
     bar.close()
     if writer:
         writer.close()
     final = os.path.join(cfg.out, "final")
-    if tr.step_i >= cfg.steps and rank == 0:
-        save_pretrained(tr.model, final, tokenizer=tr.tok)
+    if tr.step_i >= cfg.steps:
+        fm = tr.eval_model()
+        if rank == 0:
+            save_pretrained(fm, final, tokenizer=tr.tok)
     return final

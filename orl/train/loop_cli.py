@@ -16,6 +16,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field, e.g. --set loss.rho=0.4 --set steps=200")
     ap.add_argument("--no-resume", action="store_true")
+    ap.add_argument("--stop-after", type=int, default=None, metavar="STEP",
+                    help="stop after this step (a later call resumes from the last checkpoint)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     cfg = get_recipe(a.recipe)
@@ -25,13 +27,17 @@ def cli(argv: list[str]) -> int:
     if a.task:
         cfg.task_kwargs = {}
     apply_overrides(cfg, a.set)
-    _maybe_init_distributed(cfg.device)
-    final = train_orl(cfg, resume=not a.no_resume, quiet=a.quiet)
-    print(f"final model: {final}")
+    joined = _maybe_init_distributed(cfg.device)
+    final = train_orl(cfg, resume=not a.no_resume, quiet=a.quiet, stop_after=a.stop_after)
+    print(f"final model: {final}", flush=True)
+    if joined:  # leave the group before exit: gloo's teardown at interpreter exit can abort the process
+        import torch.distributed as dist  # noqa: PLC0415
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 
-def _maybe_init_distributed(device: str) -> None:
+def _maybe_init_distributed(device: str) -> bool:
     """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL when the run's device is a GPU,
     gloo when it is the CPU (also on a machine that has GPUs: NCCL cannot reduce CPU tensors)."""
     import os  # noqa: PLC0415
@@ -40,3 +46,5 @@ def _maybe_init_distributed(device: str) -> None:
     import torch.distributed as dist  # noqa: PLC0415
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if str(device).startswith("cuda") and torch.cuda.is_available() else "gloo")
+        return True
+    return False
