@@ -25,20 +25,26 @@ import torch
 import torch.distributed as dist
 
 
-def shard(model) -> None:
+def shard(model, param_dtype: torch.dtype | None = None) -> None:
     """FSDP2 over the default process group, in place: one unit per decoder layer, then the root
-    (embeddings, pathway, final norm, head); gradients summed over ranks, not averaged."""
-    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    (embeddings, pathway, final norm, head); gradients summed over ranks, not averaged.
+    ``param_dtype`` (bf16 for precision="bf16"): the dtype parameters are all-gathered in (half the
+    traffic of float32; gradients reduce in float32 into the float32 shards)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else \
+        MixedPrecisionPolicy()
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     model.set_gradient_divide_factor(1.0)
     model.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no pre-multiplied sum)
 
 
-def make_replica(model):
-    """A plain full copy for the rollouts (no gradients; taken before `shard`)."""
-    return copy.deepcopy(model).eval().requires_grad_(False)
+def make_replica(model, dtype: torch.dtype | None = None):
+    """A plain full copy for the rollouts (no gradients; taken before `shard`), in ``dtype`` (the
+    runtime's rollout dtype: a bf16 copy is half a float32 one; None: the model's)."""
+    rep = copy.deepcopy(model).eval().requires_grad_(False)
+    return rep if dtype is None else rep.to(dtype)
 
 
 def full_state(model) -> dict:

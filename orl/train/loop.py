@@ -182,8 +182,10 @@ class ORLTrainer:
         self.sharded = world > 1
         self.replica = None
         if self.sharded:
-            self.replica = D.make_replica(model) if self.behaviour is None else None
-            D.shard(model)
+            runtime = cfg.rollout_engine == "runtime" or (cfg.rollout_engine == "auto" and device.startswith("cuda"))
+            rdt = _DTYPES.get(cfg.rollout_dtype) if runtime and cfg.rollout_dtype else None
+            self.replica = D.make_replica(model, rdt) if self.behaviour is None else None
+            D.shard(model, torch.bfloat16 if cfg.precision == "bf16" else None)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         self.step_i = 0
         ck = latest_checkpoint(cfg.out) if resume else None
