@@ -136,9 +136,10 @@ def test_bad_custom_task_fails_before_rollout(tmp_path, monkeypatch):
 
 
 def test_torchrun_two_processes_match_one(tmp_path):
-    """FSDP2 data parallelism over gloo: 2 ranks x half the prompts == 1 process x all prompts (every
-    step's loss metrics and the weights), and a 2-rank run's DCP checkpoint resumes in 1 process to
-    the 1-process run's end (a different number of ranks)."""
+    """FSDP2 data parallelism over gloo: 2 ranks x half the prompts, the verified responses split
+    across the ranks by estimated cost (Karmarkar-Karp), == 1 process x all prompts (every step's
+    loss metrics and the weights), and a 2-rank run's DCP checkpoint resumes in 1 process to the
+    1-process run's end (a different number of ranks)."""
     import json  # noqa: PLC0415
     start = _start(tmp_path)
     env = {**os.environ, "PYTHONPATH": FIXTURES + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}

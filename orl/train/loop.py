@@ -77,6 +77,8 @@ class ORLConfig:
     micro_batch_tokens: int = 0       # replay in micro-batches of whole responses of about this many packed tokens,
                                       # gradients accumulated (the same loss: it sums over responses); 0: one batch
     balance: bool = False             # fill replay rows by estimated cost (orl.train.balance) instead of in order
+    balance_ranks: bool = True        # under torchrun: split the verified responses across ranks by estimated
+                                      # replay cost (Karmarkar-Karp) instead of replaying each rank's own
     replay_head: str = "all"          # "all": LM head over every replayed token, then the states' gathered (the
                                       # CPU recipes' numerics); "states": the head at the states' tokens only
                                       # ((S, K, V) logits instead of (B, T, V); equal up to float rounding)
@@ -243,6 +245,8 @@ class ORLTrainer:
         sels = [select_states(r, cfg.states_per_response, random.Random(f"{cfg.seed}:{step}:{r.problem_id}:{r.index}"))
                 for r in verified]
         sels = [s for s in sels if s.states]
+        if self.world > 1 and cfg.balance_ranks:
+            sels = _balance_across_ranks(sels, K, model.config, self.rank, self.world)
         n_local = torch.tensor([len(sels)], dtype=torch.float64, device=device if self.world > 1 else "cpu")
         if self.world > 1:
             dist.all_reduce(n_local)
@@ -351,6 +355,26 @@ def _check(cfg: ORLConfig) -> None:
                          "use replay_attention='dense' on the CPU")
     if cfg.micro_batch_tokens < 0:
         raise ValueError(f"micro_batch_tokens must be >= 0 (0: one replay batch), got {cfg.micro_batch_tokens}")
+
+
+def _balance_across_ranks(sels: list, K: int, mcfg, rank: int, world: int) -> list:
+    """Every rank's selections (each rollout slimmed to its selected states) gathered on every rank,
+    split into ``world`` sets of near-equal estimated replay cost (`orl.train.balance`: attention
+    pairs of the response's packed row plus its MLP tokens; Karmarkar-Karp, as VERL balances
+    sequence lengths), and this rank's set returned in a rank-independent order."""
+    from .balance import estimate_cost, karmarkar_karp  # noqa: PLC0415
+    from .pack import Selection, _row_pieces  # noqa: PLC0415
+    mine = []
+    for s in sels:
+        slim = Selection(dataclasses.replace(s.rollout, states=[s.rollout.states[i] for i in s.states]),
+                         list(range(len(s.states))), list(s.pairs))
+        toks, lay = _row_pieces(slim, K, mcfg.clean_attention)[:2]
+        mine.append((estimate_cost(len(toks), int(lay.mask().sum()), mcfg), slim))
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    flat = [x for part in every for x in part]
+    groups = karmarkar_karp([c for c, _ in flat], world)
+    return [flat[i][1] for i in groups[rank]]
 
 
 def _micro_batches(sels: list, budget: int, K: int) -> list[list]:
