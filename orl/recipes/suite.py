@@ -3,6 +3,11 @@
 ``suite_sft_<family>`` is the demo's ``arith_sft`` (same `small` model, two stages of 600 + 400 steps,
 batch 64, character tokenizer: a few minutes on a laptop CPU) on that family's task, and
 ``orl_suite_<family>`` is ``orl_arith`` on it; only the task and the decoders' token budget change.
+The two trained baselines ORL is compared with at equal training compute (benchmarks/suite_runs.py):
+``rft_suite_<family>`` (rejection-sampling fine-tuning, `orl.train.rft`: ORL's steps, prompts, group
+size, decoders, sampling and LR schedule, from the base itself) and ``more_sft_suite_<family>`` (the
+base's SFT continued for ORL's number of optimizer steps, batch 64, at the LR the SFT ended with, on
+a fresh part of the train stream: task seed 1, whose problems are still never held out).
 The task knobs are pinned here (as ``arith_sft`` pins its own), so a change of a task's defaults
 does not silently change a recipe. Whether a family's base lands where the release's bases sit is
 measured by benchmarks/suite_calibrate.py, not by these functions.
@@ -10,7 +15,8 @@ measured by benchmarks/suite_calibrate.py, not by these functions.
 from orl.recipes.arith import arith_sft
 from orl.recipes.orl_arith import orl_arith
 from orl.train.loop import ORLConfig
-from orl.train.sft import SFTConfig
+from orl.train.rft import RFTConfig
+from orl.train.sft import SFTConfig, SFTStage
 
 # family -> (task kwargs the recipes pin, decoder max_new_tokens: the longest response + EOS, rounded
 # up to whole 16-token blocks)
@@ -32,6 +38,26 @@ def _orl(family: str, init: str, out: str) -> ORLConfig:
     cfg = orl_arith(init, out)
     cfg.task, cfg.task_kwargs = family, dict(FAMILIES[family][0])
     cfg.decode.max_new_tokens = cfg.eval_decode.max_new_tokens = FAMILIES[family][1]
+    return cfg
+
+
+def _rft(family: str, init: str, out: str) -> RFTConfig:
+    o = _orl(family, init, out)
+    return RFTConfig(init=init, task=o.task, task_kwargs=o.task_kwargs, steps=o.steps,
+                     prompts_per_step=o.prompts_per_step, group_size=o.group_size, lr=o.lr, warmup=o.warmup,
+                     lr_schedule=o.lr_schedule, lr_final=o.lr_final, weight_decay=o.weight_decay,
+                     grad_clip=o.grad_clip, weighting="flat", decode=o.decode, eval_every=0,
+                     eval_n=o.eval_n, eval_decode=o.eval_decode, seed=o.seed, out=out, save_every=o.save_every)
+
+
+def _more_sft(family: str, init: str, out: str) -> SFTConfig:
+    cfg, last = _sft(family, out), _sft(family, out).stages[-1]
+    cfg.init = init
+    cfg.task_kwargs["seed"] = 1   # a fresh stream of train problems (held-out ones are excluded by hash)
+    steps = _orl(family, init, out).steps
+    cfg.stages = [SFTStage("more", steps=steps, lr=last.lr * last.min_lr_ratio, selfcond=last.selfcond, warmup=5,
+                           min_lr_ratio=1.0)]
+    cfg.save_every = 50
     return cfg
 
 
@@ -65,3 +91,35 @@ def orl_suite_chain(init: str = "runs/suite/chain/start", out: str = "runs/suite
 
 def orl_suite_string(init: str = "runs/suite/string/start", out: str = "runs/suite/string/orl") -> ORLConfig:
     return _orl("string", init, out)
+
+
+def rft_suite_carry_add(init: str = "runs/suite/carry_add/sft/final", out: str = "runs/suite/carry_add/rft") -> RFTConfig:
+    return _rft("carry_add", init, out)
+
+
+def more_sft_suite_carry_add(init: str = "runs/suite/carry_add/sft/final", out: str = "runs/suite/carry_add/more_sft") -> SFTConfig:
+    return _more_sft("carry_add", init, out)
+
+
+def rft_suite_carry_mul(init: str = "runs/suite/carry_mul/sft/final", out: str = "runs/suite/carry_mul/rft") -> RFTConfig:
+    return _rft("carry_mul", init, out)
+
+
+def more_sft_suite_carry_mul(init: str = "runs/suite/carry_mul/sft/final", out: str = "runs/suite/carry_mul/more_sft") -> SFTConfig:
+    return _more_sft("carry_mul", init, out)
+
+
+def rft_suite_chain(init: str = "runs/suite/chain/sft/final", out: str = "runs/suite/chain/rft") -> RFTConfig:
+    return _rft("chain", init, out)
+
+
+def more_sft_suite_chain(init: str = "runs/suite/chain/sft/final", out: str = "runs/suite/chain/more_sft") -> SFTConfig:
+    return _more_sft("chain", init, out)
+
+
+def rft_suite_string(init: str = "runs/suite/string/sft/final", out: str = "runs/suite/string/rft") -> RFTConfig:
+    return _rft("string", init, out)
+
+
+def more_sft_suite_string(init: str = "runs/suite/string/sft/final", out: str = "runs/suite/string/more_sft") -> SFTConfig:
+    return _more_sft("string", init, out)
