@@ -26,7 +26,6 @@ import datetime
 import math
 import os
 import random
-import statistics
 import sys
 import time
 
@@ -112,19 +111,9 @@ def causal_len(pairs: float) -> int:
 # ---------------------------------------------------------------- timing
 
 def gpu_time(fn, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn`` (CUDA events around each call)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    """Median milliseconds of ``fn`` (CUDA events around each call: `benchmarks/engine.py`'s timer)."""
+    import engine  # noqa: PLC0415 - benchmarks/ is on the path (this script's folder)
+    return 1e3 * engine.gpu_time(fn, iters, warmup)
 
 
 def fwd_bwd(f, inputs, do):

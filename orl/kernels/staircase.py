@@ -253,23 +253,35 @@ if triton is not None:
         return (qg == kg) & (((ks < 0) & (kb <= qlim)) | (ks == qsx))
 
     @triton.jit
-    def _fwd_tile(acc, m_i, l_i, q, qb, qs, qg, Kh, Vh, skt, svt, META_b, T, kt, qk_scale,
-                  MASKED: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+    def _kv_tile(Kh, Vh, skt, svt, T, kt, MASKED: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+        """Key tile ``kt``'s K and V (BN, D), its key offsets and in-range flags; ``MASKED``: the
+        loads stop at T (a partial tile at the end of a row)."""
         offs_n = kt * BN + tl.arange(0, BN)
         offs_d = tl.arange(0, D)
+        cn = offs_n < T
         if MASKED:
-            cn = offs_n < T
             k = tl.load(Kh + offs_n[:, None] * skt + offs_d[None, :], mask=cn[:, None], other=0.0)
             v = tl.load(Vh + offs_n[:, None] * svt + offs_d[None, :], mask=cn[:, None], other=0.0)
         else:
             k = tl.load(Kh + offs_n[:, None] * skt + offs_d[None, :])
             v = tl.load(Vh + offs_n[:, None] * svt + offs_d[None, :])
+        return k, v, offs_n, cn
+
+    @triton.jit
+    def _key_visible(qb, qs, qg, META_b, T, offs_n, cn):
+        """(BM, BN) visibility of a query tile's rows (folded metadata) to the keys ``offs_n``."""
+        kb = tl.load(META_b + offs_n, mask=cn, other=0)
+        ks = tl.load(META_b + T + offs_n, mask=cn, other=0)
+        kg = tl.load(META_b + 2 * T + offs_n, mask=cn, other=0)
+        return _rule(qb[:, None], qs[:, None], qg[:, None], kb[None, :], ks[None, :], kg[None, :]) & cn[None, :]
+
+    @triton.jit
+    def _fwd_tile(acc, m_i, l_i, q, qb, qs, qg, Kh, Vh, skt, svt, META_b, T, kt, qk_scale,
+                  MASKED: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+        k, v, offs_n, cn = _kv_tile(Kh, Vh, skt, svt, T, kt, MASKED, BN, D)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale       # (BM, BN) scores in log2 units
         if MASKED:
-            kb = tl.load(META_b + offs_n, mask=cn, other=0)
-            ks = tl.load(META_b + T + offs_n, mask=cn, other=0)
-            kg = tl.load(META_b + 2 * T + offs_n, mask=cn, other=0)
-            vis = _rule(qb[:, None], qs[:, None], qg[:, None], kb[None, :], ks[None, :], kg[None, :]) & cn[None, :]
+            vis = _key_visible(qb, qs, qg, META_b, T, offs_n, cn)
             s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -347,22 +359,11 @@ if triton is not None:
     @triton.jit
     def _dq_tile(dq, q, do, lse, delta, qb, qs, qg, Kh, Vh, skt, svt, META_b, T, kt, qk_scale,
                  MASKED: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
-        offs_n = kt * BN + tl.arange(0, BN)
-        offs_d = tl.arange(0, D)
-        if MASKED:
-            cn = offs_n < T
-            k = tl.load(Kh + offs_n[:, None] * skt + offs_d[None, :], mask=cn[:, None], other=0.0)
-            v = tl.load(Vh + offs_n[:, None] * svt + offs_d[None, :], mask=cn[:, None], other=0.0)
-        else:
-            k = tl.load(Kh + offs_n[:, None] * skt + offs_d[None, :])
-            v = tl.load(Vh + offs_n[:, None] * svt + offs_d[None, :])
+        k, v, offs_n, cn = _kv_tile(Kh, Vh, skt, svt, T, kt, MASKED, BN, D)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         p = tl.math.exp2(s - lse[:, None])                                # P = exp(S - logsumexp)
         if MASKED:
-            kb = tl.load(META_b + offs_n, mask=cn, other=0)
-            ks = tl.load(META_b + T + offs_n, mask=cn, other=0)
-            kg = tl.load(META_b + 2 * T + offs_n, mask=cn, other=0)
-            vis = _rule(qb[:, None], qs[:, None], qg[:, None], kb[None, :], ks[None, :], kg[None, :]) & cn[None, :]
+            vis = _key_visible(qb, qs, qg, META_b, T, offs_n, cn)
             p = tl.where(vis, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])                                    # dS = P (dP - rowsum(dO O))
