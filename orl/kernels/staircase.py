@@ -253,6 +253,16 @@ if triton is not None:
         return (qg == kg) & (((ks < 0) & (kb <= qlim)) | (ks == qsx))
 
     @triton.jit
+    def _query_meta(META, b, T, offs_m, rm):
+        """Row ``b``'s metadata base and its query tile's block, state (folded by `_fold`), segment."""
+        META_b = META + b * 3 * T
+        qb = tl.load(META_b + offs_m, mask=rm, other=0)
+        qs = tl.load(META_b + T + offs_m, mask=rm, other=0)
+        qg = tl.load(META_b + 2 * T + offs_m, mask=rm, other=0)
+        qb, qs = _fold(qb, qs)
+        return META_b, qb, qs, qg
+
+    @triton.jit
     def _kv_tile(Kh, Vh, skt, svt, T, kt, MASKED: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
         """Key tile ``kt``'s K and V (BN, D), its key offsets and in-range flags; ``MASKED``: the
         loads stop at T (a partial tile at the end of a row)."""
@@ -321,11 +331,7 @@ if triton is not None:
         offs_d = tl.arange(0, D)
         rm = offs_m < T
         q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=rm[:, None], other=0.0)
-        META_b = META + b * 3 * T
-        qb = tl.load(META_b + offs_m, mask=rm, other=0)
-        qs = tl.load(META_b + T + offs_m, mask=rm, other=0)
-        qg = tl.load(META_b + 2 * T + offs_m, mask=rm, other=0)
-        qb, qs = _fold(qb, qs)
+        META_b, qb, qs, qg = _query_meta(META, b, T, offs_m, rm)
         Kh = K + b * skb + hk * skh
         Vh = V + b * svb + hk * svh
         # finite start: a row whose first tile is all masked keeps exp2(m_i - m_new) = 1, not NaN
@@ -402,11 +408,7 @@ if triton is not None:
         do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :], mask=rm[:, None], other=0.0)
         lse = tl.load(LSE + bh.to(tl.int64) * T + offs_m, mask=rm, other=0.0)
         delta = tl.load(DELTA + bh.to(tl.int64) * T + offs_m, mask=rm, other=0.0)
-        META_b = META + b * 3 * T
-        qb = tl.load(META_b + offs_m, mask=rm, other=0)
-        qs = tl.load(META_b + T + offs_m, mask=rm, other=0)
-        qg = tl.load(META_b + 2 * T + offs_m, mask=rm, other=0)
-        qb, qs = _fold(qb, qs)
+        META_b, qb, qs, qg = _query_meta(META, b, T, offs_m, rm)
         Kh = K + b * skb + hk * skh
         Vh = V + b * svb + hk * svh
         dq = tl.zeros([BM, D], tl.float32)
