@@ -38,6 +38,7 @@ from orl.engine.runtime import Runtime  # noqa: E402
 from orl.model import build_model, get_config  # noqa: E402
 
 P, TOPK = 128, 16
+SAMPLER = ["torch"]  # the mask rules' logits pass: "torch", or "triton" (orl.kernels.canvas, fused)
 
 
 def family(name: str):
@@ -94,7 +95,7 @@ def run(name: str, batches: list[int], new_tokens: int, ref_batch: int, profile:
 def one_batch(model, prompt, dcfg, B: int, new_tokens: int, profile: bool = False) -> dict:
     K = dcfg.block_size
     t0 = time.perf_counter()
-    rt = Runtime(model, K, batch=B, max_len=P + new_tokens + 2 * K, bucket=64)
+    rt = Runtime(model, K, batch=B, max_len=P + new_tokens + 2 * K, bucket=64, sampler=SAMPLER[0])
     rt.decode(prompt, dcfg, seed=1)  # compile + capture the graphs of every cache bucket
     rt.decode(prompt, dcfg, seed=1, capture_topk=TOPK)
     setup = time.perf_counter() - t0
@@ -135,15 +136,18 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,16,64")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--ref-batch", type=int, default=16)
+    ap.add_argument("--sampler", default="torch", choices=["torch", "triton"],
+                    help="the mask rules' logits pass: torch ops, or the fused Triton kernel")
     ap.add_argument("--profile", default="", help="profile one round at these batches (comma-separated; empty: none)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    SAMPLER[0] = a.sampler
     E.OUT_DIR[0], E.RESULTS_FILE[0] = a.out, "rollout_results.md"
     bw, tf = E.ceilings()
     E.LOG["copy_bw"], E.LOG["bf16_tflops"] = bw, tf
     E.say(f"# Rollout benchmark ({datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__})\n")
     E.say(f"`python benchmarks/rollout.py --families {a.families} --batches {a.batches} --new-tokens {a.new_tokens} "
-          f"--ref-batch {a.ref_batch}`; ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {tf / 1e12:.0f} TFLOP/s\n")
+          f"--ref-batch {a.ref_batch} --sampler {a.sampler}`; ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {tf / 1e12:.0f} TFLOP/s\n")
     for name in a.families.split(","):
         run(name, [int(b) for b in a.batches.split(",")], a.new_tokens, a.ref_batch,
             tuple(int(b) for b in a.profile.split(",") if b))

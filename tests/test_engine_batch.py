@@ -148,6 +148,43 @@ def test_capture_equals_the_reference_trace(rule, sampled):
         torch.testing.assert_close(a.topk_logp, lp, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("rule,sampled,temp", [("threshold", True, 1.0), ("llada", True, 1.5)])
+def test_fused_mask_sampler_equals_the_torch_one(rule, sampled, temp):
+    fused_vs_torch(rule, sampled, temp, "cpu", "eager")
+
+
+def fused_vs_torch(rule, sampled, temp, device, mode):
+    """The mask rules' fused logits pass (`sampler="triton"`: `orl.kernels.canvas.round_rows` with
+    the logsumexp; Triton's interpreter on CPU) decodes the torch sampler's tokens and rounds, and
+    captures the same states: canvases and commits equal at every step; at a block's first step
+    (no residual yet: the same logits reach both) entropies and top-k log-probs to float32 rounding
+    (1e-5); the z the fused pass feeds back to 1e-4 (it is float32-close, and this peaked model
+    amplifies a 1e-6 change of z into 1e-3 of the next logits, so later steps' statistics compare
+    the model's sensitivity, not the kernel). T = 1.5 takes the residual's own pass (temperature 1)."""
+    family = "llada" if rule == "llada" else "sdar"
+    model = _model(family).float().to(device)  # the interpreter's kernels run float32
+    K, k = model.config.block_size, 5
+    cfg = _cfg(rule, K, sampled, threshold=0.95, temperature=temp, max_new_tokens=2 * K)
+    prompt = _prompts(1, 6, model.config.vocab_size, seed=9).to(device)
+    outs = {}
+    for sampler in ("torch", "triton"):
+        rt = Runtime(model, K, mode=mode, max_len=160, bucket=32, batch=3, sampler=sampler)
+        assert rt.rule.sampler == sampler
+        outs[sampler] = rt.decode(prompt, cfg, seed=21, capture_topk=k)
+    a, b = outs["triton"], outs["torch"]
+    _same(a, b)
+    assert len({t for row in a.tokens for t in row}) >= 4 and len(a.trace) == len(b.trace) > 6
+    for x, y in zip(a.trace, b.trace):
+        for f in ("canvas", "unresolved", "committed", "active"):
+            assert torch.equal(getattr(x, f), getattr(y, f)), f
+        assert torch.equal(x.topk_ids, y.topk_ids)
+        if x.step == 0:
+            torch.testing.assert_close(x.entropy, y.entropy, rtol=0, atol=1e-5)
+            torch.testing.assert_close(x.topk_logp, y.topk_logp, rtol=0, atol=1e-5)
+        if y.residual is not None:
+            torch.testing.assert_close(x.residual, y.residual, rtol=0, atol=1e-4)
+
+
 def test_runtime_rollouts_replay_through_the_training_forward():
     """`rollout_group` through the runtime (capture), then packed replay through the model with the
     captured residuals: the rollout's top-k log-probs come back (the ORL replay of docs/method.md 3.4)."""

@@ -259,3 +259,16 @@ def test_batch_sampled_equals_reference_on_cuda(family, rule, mode):
             assert torch.equal(a.topk_ids, torch.log_softmax(b.logits.float(), -1).topk(cap, -1)[1].cpu())
             if b.residual is not None:  # z is a soft embedding of float32 probabilities: float32 rounding
                 torch.testing.assert_close(a.residual, b.residual.cpu(), rtol=0, atol=1e-5)  # H200: 1.1e-6
+
+
+@pytest.mark.parametrize("mode", ["while", "graph"])
+@pytest.mark.parametrize("rule,sampled,temp", [("threshold", True, 1.0), ("llada", True, 1.5), ("topk", False, 0.0)])
+def test_fused_mask_sampler_equals_the_torch_one_on_cuda(rule, sampled, temp, mode):
+    """The mask rules' fused logits pass on the GPU (float32 model, compiled layers, graphs):
+    tokens, rounds, canvases and commits equal the torch sampler's; first-step statistics to 1e-5
+    (tests/test_engine_batch.py)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_engine_batch import fused_vs_torch  # noqa: PLC0415
+    fused_vs_torch(rule, sampled, temp, "cuda", mode)

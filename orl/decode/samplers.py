@@ -113,7 +113,13 @@ def llada_edits(probs: torch.Tensor, canvas: torch.Tensor, editable: torch.Tenso
     """LLaDA-2.1 token->token editing: editable positions whose argmax differs from the current
     token with probability > edit_threshold. Returns (edit mask (B, K), new tokens (B, K))."""
     p, arg = probs.max(-1)
-    return editable & (arg != canvas) & (p > edit_threshold), arg
+    return llada_edits_at(p, arg, canvas, editable, edit_threshold)
+
+
+def llada_edits_at(p_arg: torch.Tensor, arg: torch.Tensor, canvas: torch.Tensor, editable: torch.Tensor,
+                   edit_threshold) -> tuple[torch.Tensor, torch.Tensor]:
+    """`llada_edits` from the argmax ``arg`` (B, K) and its probability ``p_arg`` (B, K)."""
+    return editable & (arg != canvas) & (p_arg > edit_threshold), arg
 
 
 # --- DiffusionGemma (HF ``DiffusionGemmaGenerationMixin.generate``; docs/diffusiongemma-spec.md 9) ---

@@ -80,16 +80,22 @@ class Capture:
         if d["weight"] is not None:
             d["weight"].index_copy_(0, i, weight[None])
 
-    def outputs(self, i, logits, probs, committed, active) -> None:
+    def outputs(self, i, logits, dist, committed, active, lse=None) -> None:
+        """What a round chose: ``dist`` the rule's `orl.engine.rules.Dist` (its normalised entropy,
+        or its probabilities); top-k over its float logits, or over the raw ``logits`` (their
+        float32 upcast is exact, so the top-k values are); ``lse`` (B, K): the raw logits'
+        logsumexp when the rule computed it (else one pass here)."""
         d = self.dev
-        d["entropy"].index_copy_(0, i, Smp.normalized_entropy(probs)[None])
+        ent = dist.ent if dist.ent is not None else Smp.normalized_entropy(dist.probs)
+        d["entropy"].index_copy_(0, i, ent[None])
         d["committed"].index_copy_(0, i, committed[None])
         d["active"].index_copy_(0, i, active[None])
         if self.topk:
-            lf = logits.float()  # the rule's float copy when it passes one (no second pass)
-            top, ids = topk_lastdim(lf, self.topk)  # log_softmax's top-k = the logits' top-k - logsumexp
+            src = dist.lf if dist.lf is not None else logits
+            top, ids = topk_lastdim(src, self.topk)  # log_softmax's top-k = the logits' top-k - logsumexp
+            lse = torch.logsumexp(src.float(), -1, keepdim=True) if lse is None else lse[..., None]
             d["ids"].index_copy_(0, i, ids[None])
-            d["logp"].index_copy_(0, i, (top - torch.logsumexp(lf, -1, keepdim=True))[None])
+            d["logp"].index_copy_(0, i, (top.float() - lse)[None])
 
     # ---------------------------------------------------------------- on the host
     def start(self) -> None:

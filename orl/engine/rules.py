@@ -22,7 +22,9 @@ Shapes: K canvas length, V vocab, D hidden, s stability window.
 """
 from __future__ import annotations
 
+import math
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -52,6 +54,23 @@ class _Rule:
         return [self.counter]
 
 
+class Dist(NamedTuple):
+    """One round's distribution as `MaskRule` keeps it: ``probs`` (B, K, V) float32 and the float
+    logits ``lf`` (torch sampler), or per-position numbers only (fused sampler: ``ent`` normalised
+    entropy, ``arg`` / ``p_arg`` the argmax and its probability, ``lse`` the logsumexp at the step's
+    temperature, ``zprobs`` the probabilities in the embedding's dtype when the residual reads them)."""
+
+    probs: torch.Tensor | None
+    tok: torch.Tensor
+    conf: torch.Tensor
+    lf: torch.Tensor | None
+    ent: torch.Tensor | None = None
+    arg: torch.Tensor | None = None
+    p_arg: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    zprobs: torch.Tensor | None = None
+
+
 class MaskRule(_Rule):
     """SDAR "threshold" / "topk" and LLaDA "llada" on a mask-diffusion model (module docstring):
     the same operations as `orl.decode.block.decode` for those rules, for B rows, greedy or sampled
@@ -60,8 +79,11 @@ class MaskRule(_Rule):
 
     rules = ("threshold", "topk", "llada")
 
-    def __init__(self, rt):
+    def __init__(self, rt, sampler: str = "torch"):
         dev, K, B = rt.device, rt.K, rt.B
+        # "auto" keeps the torch sampler: the fused one equals it up to float rounding only (opt in)
+        self.sampler = CanvasRule._pick_sampler("torch" if sampler == "auto" else sampler, dev)
+        self.rtemp = _buf(dev, 1, dtype=torch.float32)  # the residual's temperature (fused sampler)
         self.unresolved = _buf(dev, B, K, dtype=torch.bool)
         self.active, self.post = _buf(dev, B, dtype=torch.bool), _buf(dev, B)  # still denoising; llada post steps
         self.threshold, self.temperature = _buf(dev, 1, dtype=torch.float32), _buf(dev, 1, dtype=torch.float32)
@@ -69,7 +91,8 @@ class MaskRule(_Rule):
         self.quota_base, self.quota_rem, self.max_steps, self.mask_id = (_buf(dev, 1) for _ in range(4))
         self.edit_threshold, self.post_cap = _buf(dev, 1, dtype=torch.float32), _buf(dev, 1)
         self.seed, self.counter = _buf(dev, B), _buf(dev, B)  # counter RNG (sampling): per row
-        self.key = None  # (rule, residual, residual temperature, sampled, residual from the step's probs)
+        # (rule, residual, residual temperature, sampled, residual from the step's probs, top-p, fused, T in {0, 1})
+        self.key = None
         # committed block rows see their whole block ("block") or the slots up to themselves ("causal")
         self.block_causal = rt.mcfg.clean_attention != "block"
 
@@ -96,7 +119,10 @@ class MaskRule(_Rule):
         sampled = cfg.temperature > 0
         nucleus = sampled and cfg.top_p < 1
         same = rtemp == 1.0 and cfg.temperature in (0.0, 1.0) and not nucleus
-        self.key = (cfg.rule, use_res, rtemp, sampled, same, nucleus)
+        self.rtemp.fill_(rtemp)
+        # the fused sampler (not with top-p: its nucleus is a sort) and whether the step's logsumexp is at T = 1
+        fused = self.sampler == "triton" and not nucleus
+        self.key = (cfg.rule, use_res, rtemp, sampled, same, nucleus, fused, cfg.temperature in (0.0, 1.0))
         return self.key
 
     def begin(self, rt) -> None:
@@ -121,10 +147,22 @@ class MaskRule(_Rule):
             return None, rt.where, None
         return rt.z, rt.where, rt.weight if rt.mcfg.pathway == "rcd" else None
 
-    def distribution(self, logits: torch.Tensor):
-        """(probs (B, K, V), tokens (B, K), conf (B, K), float logits) of one round: the argmax, or a
-        sample at the request's temperature (`orl.decode.samplers.step_distribution`'s numbers)."""
-        _, _, _, sampled, _, nucleus = self.key
+    def distribution(self, rt, logits: torch.Tensor) -> "Dist":
+        """One round's distribution over logits (B, K, V): the argmax, or a sample at the request's
+        temperature (`orl.decode.samplers.step_distribution`'s numbers), and its confidence. The
+        "torch" sampler keeps the float probabilities (B, K, V); the "triton" one (`orl.kernels.canvas`:
+        one read of the logits) keeps per-position numbers only, plus the probabilities in the
+        embedding's dtype when the residual reads them."""
+        _, use_res, _, sampled, same, nucleus, fused, _ = self.key
+        B, K, V = logits.shape
+        u = uniform(self.seed, self.counter, STREAM_SAMPLE, K).view(B, K) if sampled else None
+        if fused:
+            from ..kernels import canvas as DK  # noqa: PLC0415 - Triton is imported on first use only
+            zdt = rt.w.embed.dtype if use_res and same else None
+            arg, tok, ent, zp, lse = DK.round_rows(logits, self.temperature, u, zdt, with_lse=True)
+            at = lambda i: logits.gather(-1, i[..., None]).squeeze(-1).float() / self.temperature  # noqa: E731
+            return Dist(None, tok, torch.exp(at(tok) - lse), None, ent / math.log(V), arg, torch.exp(at(arg) - lse),
+                        lse, zp)
         lf = logits.float()
         if not sampled:
             probs = torch.softmax(lf, dim=-1)
@@ -133,46 +171,57 @@ class MaskRule(_Rule):
             probs = torch.softmax(lf / self.temperature, dim=-1)
             if nucleus:
                 probs = Smp.top_p_filter(probs, self.top_p)
-            u = uniform(self.seed, self.counter, STREAM_SAMPLE, probs.shape[1]).view(probs.shape[:-1])
             tok = sample_inverse_cdf(probs, u)
         conf = probs.gather(-1, tok[..., None]).squeeze(-1)
-        return probs, tok, conf, lf
+        return Dist(probs, tok, conf, lf)
 
     def decide(self, rt, logits: torch.Tensor) -> None:
         """One round's decision from logits (B, K, V): commit tokens, feed the residual, set the flag."""
-        rule, use_res, rtemp, _, same, _ = self.key
+        rule, use_res, rtemp, _, same, _, fused, _ = self.key
         self.active.logical_and_(rt.flag)  # once the flag is down a round changes nothing (graph warm-ups)
         # the rows that take this step (the reference decoder's ``active``): an SDAR row stops once resolved
         stepping = self.active.clone() if rule == "llada" else self.active & self.unresolved.any(-1)
-        probs, tok, conf, lf = self.distribution(logits)
-        self.last = (probs, tok, stepping, lf)  # what the round chose, and its float logits (capture reads them next)
+        d = self.distribution(rt, logits)
+        self.last = (d, stepping)  # what the round chose (capture reads it next)
         if rule == "llada":
-            self.last_take = self._llada(rt, probs, tok, conf)
+            self.last_take = self._llada(rt, d)
         else:
-            self.last_take = self._sdar(rt, rule, tok, conf)
+            self.last_take = self._sdar(rt, rule, d.tok, d.conf)
         self.counter.add_(stepping.long())  # `CounterRNG.advance(active)`
         if use_res:
-            pr = probs if same else torch.softmax(lf / rtemp, -1)
-            rt.z.copy_(F_.soft_embed(rt.w, pr))
+            if not fused:
+                pr = d.probs if same else torch.softmax(d.lf / rtemp, -1)
+                z, weight = F_.soft_embed(rt.w, pr), (Smp.normalized_entropy(pr) if rt.mcfg.pathway == "rcd" else None)
+            else:  # the residual's distribution from the kernel: at the step's temperature, or its own
+                zp, ent = d.zprobs, d.ent
+                if not same:
+                    from ..kernels import canvas as DK  # noqa: PLC0415
+                    _, _, ent, zp = DK.round_rows(logits, self.rtemp, None, rt.w.embed.dtype)
+                    ent = ent / math.log(logits.shape[-1])
+                z, weight = F_.soft_embed(rt.w, zp), ent
+            rt.z.copy_(z)
             if rt.mcfg.pathway_where == "canvas":
                 rt.where.fill_(True)
             else:
                 rt.where.copy_(self.unresolved)
             if rt.mcfg.pathway == "rcd":
-                rt.weight.copy_(Smp.normalized_entropy(pr))
+                rt.weight.copy_(weight)
         go_rows = self.active if rule == "llada" else self.unresolved.any(-1) & self.active
         rt.flag.copy_(go_rows.any().view(1) & (rt.rnd + 1 < self.max_steps))
 
-    def _llada(self, rt, probs, tok, conf) -> torch.Tensor:
+    def _llada(self, rt, d: "Dist") -> torch.Tensor:
         """LLaDA-2.1 (`orl.decode.block.decode`, rule "llada"): commit masks above the threshold
         (else the single best), edit committed tokens whose argmax differs with probability above
         the edit threshold; after the last mask, editing-only post steps until a round edits
         nothing or ``max_post_steps`` of them ran. Returns the positions resolved or edited."""
         act = self.active[:, None]
         had_masks = self.unresolved.any(-1)
-        take = Smp.llada_transfer(conf, self.unresolved, self.threshold) & act
-        edits, arg = Smp.llada_edits(probs, rt.canvas, ~self.unresolved & act, self.edit_threshold)
-        rt.canvas.copy_(torch.where(take, tok, torch.where(edits, arg, rt.canvas)))
+        take = Smp.llada_transfer(d.conf, self.unresolved, self.threshold) & act
+        if d.probs is not None:
+            edits, arg = Smp.llada_edits(d.probs, rt.canvas, ~self.unresolved & act, self.edit_threshold)
+        else:
+            edits, arg = Smp.llada_edits_at(d.p_arg, d.arg, rt.canvas, ~self.unresolved & act, self.edit_threshold)
+        rt.canvas.copy_(torch.where(take, d.tok, torch.where(edits, arg, rt.canvas)))
         self.unresolved.logical_and_(~take)
         self.post.add_((~had_masks & self.active).long())
         finished = ~had_masks & (~edits.any(-1) | (self.post >= self.post_cap))

@@ -130,7 +130,7 @@ class Runtime:
         self.pad = z(B)                          # left padding of each row's prompt (ragged prompts)
         self._padded = False                     # host mirror: some row is padded (its own graphs)
         self.out = z(B, K + 1)                   # per row: block tokens, then the rounds used
-        self.rule = CanvasRule(self, sampler) if self.uniform else MaskRule(self)
+        self.rule = CanvasRule(self, sampler) if self.uniform else MaskRule(self, sampler)
         if self.uniform:
             self.where.fill_(True)               # every canvas position is a decoder row (pathway_where="canvas")
         # visibility limits (see orl.engine.forward): canvas rows see the canvas; committed block
@@ -247,8 +247,10 @@ class Runtime:
         self.rnd.add_(go.long())
 
     def _capture_outputs(self, slot, logits) -> None:
-        probs, _, stepping, lf = self.rule.last
-        self._cap.outputs(slot, lf, probs, self.rule.last_take & stepping[:, None], stepping)
+        d, stepping = self.rule.last
+        unit_temp = self.rule.key[-1]  # the fused sampler's logsumexp is the raw logits' one at T = 1
+        self._cap.outputs(slot, logits, d, self.rule.last_take & stepping[:, None], stepping,
+                          lse=d.lse if d.lse is not None and unit_temp else None)
 
     def _end(self, S: int) -> None:
         """With ``fold_commit`` the finished block waits in ``prev`` for the next block's start;

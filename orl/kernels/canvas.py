@@ -1,5 +1,6 @@
-"""Triton kernel of a DiffusionGemma round's per-position work over the logits (`orl.engine.rules.canvas_round`
-owns the contract: ``dgemma_round`` is the reference, ``dgemma_round_fused`` calls ``round_rows``).
+"""Triton kernel of a round's per-position work over the logits: DiffusionGemma's (`orl.engine.rules.canvas_round`
+owns the contract: ``canvas_round`` is the reference, ``canvas_round_fused`` calls ``round_rows``) and,
+with the logsumexp, the mask rules' distribution (`orl.engine.rules.MaskRule`, sampler "triton").
 
 One program per canvas position (row of V logits), ``orl_dgemma_rows``:
   pass 1   read the row once in blocks of BLOCK: lg = logits / T (IEEE division, as torch), and per block
@@ -41,9 +42,10 @@ _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl
 
 
 @triton.jit
-def orl_dgemma_rows(x_ptr, stride_row, temp_ptr, u_ptr, arg_ptr, tok_ptr, ent_ptr, p_ptr,
+def orl_dgemma_rows(x_ptr, stride_row, temp_ptr, u_ptr, arg_ptr, tok_ptr, ent_ptr, p_ptr, lse_ptr,
                     V: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NBP: tl.constexpr,
-                    GREEDY: tl.constexpr, PROBS: tl.constexpr, ROUND: tl.constexpr, RDT: tl.constexpr):
+                    GREEDY: tl.constexpr, PROBS: tl.constexpr, ROUND: tl.constexpr, RDT: tl.constexpr,
+                    LSE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_row
     temp = tl.load(temp_ptr)
@@ -82,6 +84,8 @@ def orl_dgemma_rows(x_ptr, stride_row, temp_ptr, u_ptr, arg_ptr, tok_ptr, ent_pt
     S = tl.sum(w, 0)
     T = tl.sum(sc * (bt_v + dm * bs_v), 0)
     tl.store(ent_ptr + row, tl.log(S) - T / S)
+    if LSE:  # log sum exp(lg): the mask rules' confidence exp(lg[tok] - lse) and capture's log-probs
+        tl.store(lse_ptr + row, M + tl.log(S))
     first = tl.min(tl.where(bm_v == M, ids, NBP), 0)
     arg = tl.sum(tl.where(ids == first, ba_v, 0), 0)
     tl.store(arg_ptr + row, arg.to(tl.int64))
@@ -126,13 +130,14 @@ def orl_dgemma_rows(x_ptr, stride_row, temp_ptr, u_ptr, arg_ptr, tok_ptr, ent_pt
 
 def round_rows(logits: torch.Tensor, temp: torch.Tensor, u: torch.Tensor | None = None,
                probs_dtype: torch.dtype | None = None, round_dtype: torch.dtype | None = None,
-               block: int | None = None, num_warps: int | None = None):
+               block: int | None = None, num_warps: int | None = None, with_lse: bool = False):
     """The per-position work of one round over logits (..., V) (float32, bf16 or fp16).
 
     temp (1,) float32 (`orl.engine.rules.temperature`); u (...) float32 uniforms, or None: greedy (the
     token is the argmax). ``probs_dtype``: also return softmax(lg.to(round_dtype), float32) in that
     dtype (``round_dtype`` None: that of probs_dtype; float32 rounds nothing). Returns (argmax (...)
-    int64, token (...) int64, entropy (...) float32 nats, probs (..., V) or None)."""
+    int64, token (...) int64, entropy (...) float32 nats, probs (..., V) or None), and with
+    ``with_lse`` a fifth entry: logsumexp(lg) (...) float32."""
     V = logits.shape[-1]
     lead = logits.shape[:-1]
     x = logits.reshape(-1, V)
@@ -147,9 +152,10 @@ def round_rows(logits: torch.Tensor, temp: torch.Tensor, u: torch.Tensor | None 
     probs = None if probs_dtype is None else torch.empty(R, V, dtype=probs_dtype, device=dev)
     rdt = (round_dtype or probs_dtype) if probs_dtype is not None else torch.float32
     uu = ent if u is None else u.reshape(R).to(torch.float32)
-    orl_dgemma_rows[(R,)](x, x.stride(0), temp, uu, arg, tok, ent, ent if probs is None else probs,
+    lse = torch.empty(R, dtype=torch.float32, device=dev) if with_lse else ent
+    orl_dgemma_rows[(R,)](x, x.stride(0), temp, uu, arg, tok, ent, ent if probs is None else probs, lse,
                           V=V, BLOCK=BL, NB=NB, NBP=triton.next_power_of_2(NB), GREEDY=u is None,
-                          PROBS=probs is not None, ROUND=rdt != torch.float32, RDT=_TL[rdt],
+                          PROBS=probs is not None, ROUND=rdt != torch.float32, RDT=_TL[rdt], LSE=with_lse,
                           num_warps=num_warps or NUM_WARPS)
-    return (arg.view(lead), tok.view(lead), ent.view(lead),
-            None if probs is None else probs.view(*lead, V))
+    out = (arg.view(lead), tok.view(lead), ent.view(lead), None if probs is None else probs.view(*lead, V))
+    return (*out, lse.view(lead)) if with_lse else out
