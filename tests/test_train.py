@@ -280,3 +280,18 @@ def test_micro_batches_and_states_head_equal_one_batch(tmp_path, monkeypatch):
         for k in ("loss", "loss_pred", "loss_aec", "loss_anchor"):
             assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), (name, k)
         assert all(torch.allclose(w1[k], w2[k], atol=1e-6, rtol=1e-5) for k in w1), name
+
+
+def test_moe_replay_forward_under_bf16_autocast():
+    """The MoE layer's expert sum under bf16 autocast (the expert products come out bf16, the stream
+    float32): runs, and its logits stay within bf16 rounding of the float32 forward."""
+    m = build_model(get_config("llada", "tiny"), seed=3)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(5, 60, (2, 10), generator=g)
+    mask = torch.ones(10, 10, dtype=torch.bool).tril()
+    ref = m(x, torch.arange(10), mask)
+    with torch.autocast("cpu", torch.bfloat16):
+        out = m(x, torch.arange(10), mask)
+    assert out.isfinite().all()
+    err = (out.float() - ref).abs().max() / ref.abs().max()
+    assert 0 < err < 0.05  # bf16 changed something, and not more than its rounding

@@ -202,7 +202,7 @@ class MoE(nn.Module):
             y = F.linear(self.act(g) * u, self.down_proj[e])
             # Gemma 4 weighs in float32 and casts the product (HF); LLaDA path casts w first
             y = (y * w[rows, slot, None]).to(y.dtype) if self.gemma else y * w[rows, slot, None].to(y.dtype)
-            out.index_add_(0, rows, y)
+            out.index_add_(0, rows, y.to(out.dtype))  # under autocast y is bf16, the stream float32
         if self.shared_experts is not None:
             out = out + self.shared_experts(x2)
         return out.view(shape)
