@@ -119,15 +119,16 @@ def test_batch_refusals():
 
 
 # ------------------------------------------------------------------------------ capture
-@pytest.mark.parametrize("rule,sampled", [("threshold", True), ("topk", False), ("llada", True)])
+@pytest.mark.parametrize("rule,sampled", [("threshold", True), ("topk", False), ("llada", True), ("dgemma", True)])
 def test_capture_equals_the_reference_trace(rule, sampled):
-    """Every step the runtime's graphs captured (canvas, unresolved set, the residual z consumed,
-    where, entropy, committed positions, active rows, top-k log-probs) equals the reference
-    decoder's trace on the same stream (float64: to 1e-12)."""
-    family = "llada" if rule == "llada" else "sdar"
+    """Every step the runtime's graphs captured (canvas, unresolved set -- for DiffusionGemma the
+    re-noised positions --, the residual z consumed, where, entropy, committed positions, active
+    rows, top-k log-probs) equals the reference decoder's trace on the same stream (float64: to 1e-12)."""
+    family = {"llada": "llada", "dgemma": "dgemma"}.get(rule, "sdar")
     model = _model(family)
     K, k = model.config.block_size, 5
-    cfg = _cfg(rule, K, sampled, threshold=0.95, temperature=1.5 if sampled else 0.0)  # several steps a block
+    kw = {} if rule == "dgemma" else dict(threshold=0.95, temperature=1.5 if sampled else 0.0)  # several steps a block
+    cfg = _cfg(rule, K, sampled, **kw)
     prompt = _prompts(1, 6, model.config.vocab_size, seed=9)
     ref = decode(model, prompt.expand(3, -1), cfg, rng=CounterRNG(21), trace=True, trace_logits=True)
     rt = Runtime(model, K, mode="eager", max_len=160, bucket=32, batch=3)

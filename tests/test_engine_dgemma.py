@@ -320,9 +320,11 @@ def test_fused_round_matches_torch(greedy):
         if s:
             hist[-1] = (x / DR.temperature(i(step), i(N), f(lo), f(hi - lo))).argmax(-1)  # stable when s = 1
         args = (x, hist, i(step), i(N), f(lo), f(hi - lo), f(bound), f(conf), i(9), i(n), greedy)
-        lg, canvas, new_hist, fin = DR.canvas_round(*args)
-        probs, canvas2, new_hist2, fin2 = DR.canvas_round_fused(*args, probs_dtype=torch.float32)
+        lg, canvas, new_hist, fin, take, ent = DR.canvas_round(*args)
+        probs, canvas2, new_hist2, fin2, take2, ent2 = DR.canvas_round_fused(*args, probs_dtype=torch.float32)
         assert torch.equal(canvas2, canvas) and torch.equal(new_hist2, new_hist) and torch.equal(fin2, fin), n
+        assert torch.equal(take2, take)
+        torch.testing.assert_close(ent2, ent, rtol=0, atol=5e-5)  # nats; low temperatures: 1.4e-5 seen
         torch.testing.assert_close(probs, Smp.dgemma_selfcond_probs(lg, torch.float32), rtol=0, atol=1e-6)
         assert DR.canvas_round_fused(*args)[0] is None
 

@@ -53,6 +53,10 @@ class _Rule:
         """Buffers a capture's warm-up must leave as they were (it must not consume random numbers)."""
         return [self.counter]
 
+    def raw_lse(self, d) -> torch.Tensor | None:
+        """The raw logits' logsumexp (B, K) when this round computed it (else None: capture computes it)."""
+        return None
+
 
 class Dist(NamedTuple):
     """One round's distribution as `MaskRule` keeps it: ``probs`` (B, K, V) float32 and the float
@@ -124,6 +128,9 @@ class MaskRule(_Rule):
         fused = self.sampler == "triton" and not nucleus
         self.key = (cfg.rule, use_res, rtemp, sampled, same, nucleus, fused, cfg.temperature in (0.0, 1.0))
         return self.key
+
+    def raw_lse(self, d: "Dist") -> torch.Tensor | None:
+        return d.lse if d.lse is not None and self.key[-1] else None  # the fused pass's, at T = 1
 
     def begin(self, rt) -> None:
         """A fresh canvas of mask tokens for every row; rows already done stay idle. The residual of
@@ -262,6 +269,7 @@ class CanvasRule(_Rule):
         self.hist = None
         self.max_steps = _buf(dev, 1)
         self.seed, self.counter, self.active = _buf(dev, B), _buf(dev, B), _buf(dev, B, dtype=torch.bool)
+        self.unresolved = _buf(dev, B, rt.K, dtype=torch.bool)  # re-noised positions (the reference's trace)
         self.t_min, self.t_span, self.bound, self.conf = (_buf(dev, 1, dtype=torch.float32) for _ in range(4))
         self.key = None
 
@@ -301,6 +309,7 @@ class CanvasRule(_Rule):
         rt.canvas.copy_(randint(self.seed, self.counter, STREAM_CANVAS, K, rt.mcfg.vocab_size).view(B, K))
         self.counter.add_(1)
         self.hist.fill_(-1)
+        self.unresolved.fill_(True)
         rt.step.zero_()
         self.active.copy_(~rt.done)
         rt.flag.copy_(self.active.any().view(1))
@@ -318,11 +327,18 @@ class CanvasRule(_Rule):
         args = (logits, self.hist, rt.rnd, self.max_steps, self.t_min, self.t_span, self.bound, self.conf,
                 self.seed, self.counter, greedy)
         if self.sampler == "triton":  # the probabilities come out in the embedding's dtype, as soft_embed casts
-            probs, canvas, hist, finished = canvas_round_fused(
+            probs, canvas, hist, finished, take, ent = canvas_round_fused(
                 *args, probs_dtype=rt.w.embed.dtype if use_res else None, round_dtype=rt.w.dtype)
         else:
-            lg, canvas, hist, finished = canvas_round(*args)
+            lg, canvas, hist, finished, take, ent = canvas_round(*args)
             probs = Smp.dgemma_selfcond_probs(lg, rt.w.dtype) if use_res else None
+        if rt._cap is not None:  # what a capture reads: the normalised entropy of softmax(lg), as the reference
+            V = logits.shape[-1]
+            ent = ent / math.log(V) if self.sampler == "triton" else Smp.normalized_entropy(torch.softmax(lg, -1))
+            self.last = (Dist(None, canvas, take.float(), None, ent), act)  # top-k: of the raw logits
+        stop = finished[:, None]
+        self.last_take = take | stop
+        self.unresolved.copy_(torch.where(act[:, None], ~take & ~stop, self.unresolved))
         rt.canvas.copy_(torch.where(act[:, None], canvas, rt.canvas))
         if self.hist.shape[0]:
             self.hist.copy_(torch.where(act[None, :, None], hist, self.hist))
@@ -348,7 +364,7 @@ def canvas_round(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed
     hist (s, B, K) argmax history (-1 at a canvas start); step (the round of the canvas), max_steps,
     counter (1,) int64; seed (B,) int64, one per row; t_min, t_span, bound (nats), conf (nats) (1,)
     float32. Returns (processed logits lg (B, K, V) float32, the next canvas (B, K), the next
-    history, finished (B,) bool). Draws use ``counter``; the caller advances it. The reference of
+    history, finished (B,) bool, the accepted positions (B, K), the entropy (B, K) in nats). Draws use ``counter``; the caller advances it. The reference of
     `canvas_round_fused`."""
     B, K, V = logits.shape
     lg = logits.float() / temperature(step, max_steps, t_min, t_span)
@@ -358,7 +374,7 @@ def canvas_round(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed
     else:
         tok = sample_inverse_cdf(torch.softmax(lg, dim=-1), uniform(seed, counter, STREAM_SAMPLE, K).view(B, K))
     ent = Smp.dgemma_entropy(lg)
-    return (lg, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V))
+    return (lg, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V), ent)
 
 
 def canvas_round_fused(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed, counter, greedy: bool,
@@ -367,7 +383,7 @@ def canvas_round_fused(logits, hist, step, max_steps, t_min, t_span, bound, conf
     entropy) in one Triton kernel (`orl.kernels.canvas`: one read of the logits, one more
     with the probabilities) and the same K-sized decisions after it. Returns (the self-conditioning
     probabilities ``dgemma_selfcond_probs(lg, round_dtype)`` (1, K, V) in ``probs_dtype``, or None
-    when ``probs_dtype`` is None, the next canvas, the next history, finished). Equals
+    when ``probs_dtype`` is None, the next canvas, the next history, finished, accepted, entropy). Equals
     `canvas_round` up to float rounding (entropies and probabilities to ~1e-6 relative; a token, an
     acceptance or the stop can differ only at a rounding boundary). Needs CUDA tensors or
     ``TRITON_INTERPRET=1`` (float32)."""
@@ -376,7 +392,7 @@ def canvas_round_fused(logits, hist, step, max_steps, t_min, t_span, bound, conf
     u = None if greedy else uniform(seed, counter, STREAM_SAMPLE, K).view(B, K)
     arg, tok, ent, probs = DK.round_rows(logits, temperature(step, max_steps, t_min, t_span), u, probs_dtype,
                                          round_dtype)
-    return (probs, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V))
+    return (probs, *_round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V), ent)
 
 
 def _round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter, V: int):
@@ -388,4 +404,4 @@ def _round_tail(arg, tok, ent, hist, step, max_steps, bound, conf, seed, counter
     stable, new_hist = Smp.dgemma_stable(hist, arg)
     finished = (stable & (ent.mean(-1) < conf)) | (step + 1 >= max_steps)
     canvas = torch.where(finished[:, None], arg, torch.where(take, tok, noise))
-    return canvas, new_hist, finished
+    return canvas, new_hist, finished, take

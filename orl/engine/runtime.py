@@ -185,9 +185,6 @@ class Runtime:
         self.done.zero_()
         self._cap = None
         if capture_topk is not None:
-            if self.uniform:
-                raise NotImplementedError("step capture covers the mask-diffusion rules (SDAR, LLaDA); "
-                                          "DiffusionGemma rollouts are captured by orl.decode.decode(trace=True)")
             R = cfg.max_steps + (cfg.max_post_steps if cfg.rule == "llada" else 0)
             key = (R, capture_topk)
             if key not in self._caps:  # kept: the graphs captured with them write into these buffers
@@ -248,9 +245,7 @@ class Runtime:
 
     def _capture_outputs(self, slot, logits) -> None:
         d, stepping = self.rule.last
-        unit_temp = self.rule.key[-1]  # the fused sampler's logsumexp is the raw logits' one at T = 1
-        self._cap.outputs(slot, logits, d, self.rule.last_take & stepping[:, None], stepping,
-                          lse=d.lse if d.lse is not None and unit_temp else None)
+        self._cap.outputs(slot, logits, d, self.rule.last_take & stepping[:, None], stepping, lse=self.rule.raw_lse(d))
 
     def _end(self, S: int) -> None:
         """With ``fold_commit`` the finished block waits in ``prev`` for the next block's start;

@@ -135,16 +135,11 @@ def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, min
 
 
 def _rollout_runtime(cfg: ORLConfig, policy, device: str):
-    """The runtime that decodes a group's G rows per launch (None: the reference decoder, which
-    also serves DiffusionGemma's uniform-state models under "auto")."""
+    """The runtime that decodes a group's G rows per launch, every family's steps captured (None:
+    the reference decoder)."""
     if cfg.rollout_engine not in ("auto", "runtime", "reference"):
         raise ValueError(f"rollout_engine must be 'auto', 'runtime' or 'reference', got {cfg.rollout_engine!r}")
     if cfg.rollout_engine == "reference" or (cfg.rollout_engine == "auto" and not str(device).startswith("cuda")):
-        return None
-    if policy.config.noise == "uniform":  # the runtime's step capture covers the mask rules only
-        if cfg.rollout_engine == "runtime":
-            raise NotImplementedError("the runtime captures the mask rules' steps (SDAR, LLaDA), not DiffusionGemma's "
-                                      "canvas; use rollout_engine='reference' (or 'auto') for a uniform-state model")
         return None
     from ..engine.runtime import Runtime  # noqa: PLC0415
     n = cfg.max_prompt_tokens + cfg.decode.max_new_tokens + 2 * cfg.decode.block_size
