@@ -91,9 +91,15 @@ class Capture:
         d["committed"].index_copy_(0, i, committed[None])
         d["active"].index_copy_(0, i, active[None])
         if self.topk:
-            src = dist.lf if dist.lf is not None else logits
+            # half-precision logits: their top-k directly (half the bytes and radix passes of the float32
+            # copy; the values upcast exactly); else the rule's float logits
+            half = logits.dtype in (torch.bfloat16, torch.float16)
+            src = logits if half or dist.lf is None else dist.lf
             top, ids = topk_lastdim(src, self.topk)  # log_softmax's top-k = the logits' top-k - logsumexp
-            lse = torch.logsumexp(src.float(), -1, keepdim=True) if lse is None else lse[..., None]
+            if lse is None:
+                lse = torch.logsumexp(dist.lf if dist.lf is not None else logits.float(), -1, keepdim=True)
+            else:
+                lse = lse[..., None]
             d["ids"].index_copy_(0, i, ids[None])
             d["logp"].index_copy_(0, i, (top.float() - lse)[None])
 
