@@ -19,7 +19,9 @@ Does not own: the step (`orl.train.loop`), the checkpoint folder's layout (`orl.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -63,6 +65,18 @@ def idle_pass(model, device) -> None:
     (model.head(out).sum() * 0.0).backward()
 
 
+def _joined() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns on every call without a process group that it assumes one process: we do."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def max_over_ranks(n: int, device) -> int:
     t = torch.tensor([n], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -99,7 +113,8 @@ def save_dcp(path: str, model, optimizer) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
     fill_adam_state(optimizer)
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    with _single_process_quiet():
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path, no_dist=not _joined())
 
 
 def load_dcp(path: str, model, optimizer) -> None:
@@ -110,5 +125,6 @@ def load_dcp(path: str, model, optimizer) -> None:
     fill_adam_state(optimizer)
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path)
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=path, no_dist=not _joined())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
