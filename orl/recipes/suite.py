@@ -20,6 +20,17 @@ from orl.train.sft import SFTConfig, SFTStage
 
 # family -> (task kwargs the recipes pin, decoder max_new_tokens: the longest response + EOS, rounded
 # up to whole 16-token blocks)
+# Calibration (benchmarks/suite_calibrate.py, full 1000-step SFT seed 0, n = 300, threshold decoder K = 16;
+# target at 0.9: TPF 1.5-3, strict 60-95 %, >= 10 points lost at 2x TPF), 2026-12-01, 2-core CPU:
+#   carry_mul digits=3                strict 86.3 %, TPF 5.56: TPF too high; 2x TPF out of reach (max 6.69, the
+#                                     one-step-per-block ceiling), 21.3 points lost there
+#   string length=9 perm              strict 0.0 % (every state after the first wrong), TPF 2.50
+#   string length=9 sum               strict 0.0 %, TPF 2.34 (the same failure)
+#   chain steps=5 max_value=99        strict 0.3 % (final-only 15 %: line values wrong), TPF 2.35
+#   chain steps=5 max_value=20        strict 35.0 %, TPF 3.12; 2x TPF costs 15.7 points (bends), accuracy too low
+#   chain steps=3 max_value=20        strict 57.3 %, TPF 3.61; flat: 59.3 % at threshold 0.3 (TPF 6.29), no bend
+#   carry_add                         not calibrated (time)
+# None meets the region yet; the defaults below are unchanged.
 FAMILIES: dict[str, tuple[dict, int]] = {
     "carry_add": (dict(terms=2, digits=4), 48),
     "carry_mul": (dict(digits=3), 48),

@@ -1,0 +1,280 @@
+"""Does ORL beat the base's own frontier? ORL and its baselines at equal training compute, per suite family.
+
+    python benchmarks/suite_runs.py --family carry_mul --out runs/suite_runs [--base runs/calib/carry_mul/sft/final] \
+        [--orl-seeds 0,1,2] [--sft-seeds 0,1] [--n-sweep 300] [--thresholds 0.1,...,0.95] [--threads 2]
+
+Per family (``--out/<family>/``), each stage skipped when its output exists (a killed run continues):
+  base      ``suite_sft_<family>`` at SFT seed 0 (or ``--base``: a finished SFT of that recipe, e.g. the
+            calibration's); more SFT seeds (``--sft-seeds``) are swept too, for the spread of the base;
+  orl_s<k>  ``orl_suite_<family>`` with ORLConfig.seed = k, from ``make_orl_start(base, gamma 8)`` (the demo's start);
+  rft       ``rft_suite_<family>`` (orl.train.rft): ORL's rollout budget and optimizer steps, plain SFT loss on
+            the verified rollouts, from the base;
+  more_sft  ``more_sft_suite_<family>``: the base's SFT continued for ORL's number of optimizer steps;
+then every model is swept over the decoder's threshold on the same ``--n-sweep`` held-out problems
+(`orl.eval.frontier.sweep`) and compared with the seed-0 base on their frontiers (`frontier_block`:
+TPF ratio at the base's best accuracy - 1 point with a paired bootstrap interval, and the accuracy
+gain at the TPF of the base's best setting). The base's region (strict and final-only accuracy and
+TPF at threshold 0.9, the TPF-doubling cost) uses benchmarks/suite_calibrate.py's `verdict`.
+Writes ``--out/<family>/results.json`` (sweeps without per-problem records; those stay in
+``sweeps/``) and ``--out/<family>/table.markdown``; ``--report`` rebuilds ``--out/table.markdown`` over all families.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from suite_calibrate import verdict  # noqa: E402
+
+GRID = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def _done(d: str) -> bool:
+    return os.path.exists(os.path.join(d, "config.json"))
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, sets_orl, steps: int | None = None
+              ) -> dict[str, str]:
+    """Every model of the comparison, trained or found; name -> final model directory. ``steps``: the
+    optimizer steps of ORL, RFT and more SFT alike (None: the recipes'; a smoke test's few)."""
+    from orl.model.convert import make_orl_start
+    from orl.recipes import apply_overrides, get_recipe
+    from orl.train.loop import train_orl
+    from orl.train.rft import train_rft
+    from orl.train.sft import train_sft
+
+    dirs = {}
+    for s in sft_seeds:
+        name = "base" if s == 0 else f"base_s{s}"
+        if s == 0 and base:
+            dirs[name] = base
+            continue
+        cfg = get_recipe(f"suite_sft_{family}", out=os.path.join(out, f"sft_s{s}"))
+        cfg.seed = s
+        final = os.path.join(cfg.out, "final")
+        if not _done(final):
+            _log(f"{family}: SFT seed {s} ({cfg.total_steps} steps)")
+            t = time.time()
+            final = train_sft(cfg, resume=True, quiet=True)
+            _log(f"  done in {(time.time() - t) / 60:.1f} min")
+        dirs[name] = final
+    base = dirs["base"]
+    start = os.path.join(out, "start")
+    if not _done(start):
+        make_orl_start(base, start, 8.0)
+    for k in orl_seeds:
+        cfg = apply_overrides(get_recipe(f"orl_suite_{family}", init=start, out=os.path.join(out, f"orl_s{k}")),
+                              list(sets_orl))
+        cfg.seed, cfg.eval_every = k, 0
+        cfg.steps = steps or cfg.steps
+        final = os.path.join(cfg.out, "final")
+        if not _done(final):
+            _log(f"{family}: ORL seed {k} ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})")
+            t = time.time()
+            final = train_orl(cfg, resume=True, quiet=True)
+            _log(f"  done in {(time.time() - t) / 60:.1f} min")
+        dirs[f"orl_s{k}"] = final
+    cfg = get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft"))
+    cfg.steps = steps or cfg.steps
+    final = os.path.join(cfg.out, "final")
+    if not _done(final):
+        _log(f"{family}: RFT ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})")
+        t = time.time()
+        final = train_rft(cfg, resume=True, quiet=True)
+        _log(f"  done in {(time.time() - t) / 60:.1f} min")
+    dirs["rft"] = final
+    cfg = get_recipe(f"more_sft_suite_{family}", init=base,
+                     out=os.path.join(out, "more_sft"))
+    cfg.stages[0].steps = steps or cfg.stages[0].steps
+    final = os.path.join(cfg.out, "final")
+    if not _done(final):
+        _log(f"{family}: more SFT ({cfg.total_steps} steps)")
+        t = time.time()
+        final = train_sft(cfg, resume=True, quiet=True)
+        _log(f"  done in {(time.time() - t) / 60:.1f} min")
+    dirs["more_sft"] = final
+    return dirs
+
+
+def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> dict[str, list[dict]]:
+    """Each model's sweep rows (with records), cached in ``out/sweeps/<name>.json``; each row also gets
+    ``final`` (the final-answer-only accuracy, `verify_final`)."""
+    from transformers import AutoTokenizer
+
+    from orl.eval.frontier import sweep
+    from orl.model import load_pretrained
+    from orl.recipes import get_recipe
+    from orl.recipes.suite import FAMILIES
+    from orl.tasks.registry import get_task
+
+    task = get_task(family, **FAMILIES[family][0])
+    dcfg = get_recipe(f"orl_suite_{family}").eval_decode
+    problems = task.problems("test")[:n]
+    by_id = {p.id: p for p in problems}
+    os.makedirs(os.path.join(out, "sweeps"), exist_ok=True)
+    rows = {}
+    for name, d in dirs.items():
+        path = os.path.join(out, "sweeps", f"{name}.json")
+        if os.path.exists(path):
+            rows[name] = json.load(open(path))["rows"]
+            continue
+        _log(f"{family}: sweep {name} ({len(values)} thresholds x {len(problems)} problems)")
+        model, tok = load_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
+        r = sweep(model, tok, task, problems, dcfg, values)
+        for row in r:
+            row["final"] = sum(task.verify_final(by_id[x["id"]], x["completion"]) for x in row["records"]) / len(problems)
+        json.dump({"model": d, "rows": r}, open(path, "w"))
+        rows[name] = r
+    return rows
+
+
+def _stats(xs: list) -> dict:
+    xs = [x for x in xs if x is not None]
+    return {"mean": statistics.mean(xs) if xs else None, "sd": statistics.stdev(xs) if len(xs) > 1 else None,
+            "n": len(xs), "values": xs}
+
+
+def compare(rows: dict[str, list[dict]], n_boot: int) -> dict:
+    """The base's region and each model's frontier block against the seed-0 base."""
+    from orl.eval.frontier import frontier_block
+    base = rows["base"]
+    region = {}
+    for name in [n for n in rows if n.startswith("base")]:
+        v = verdict([{"threshold": r["value"], "strict": r["accuracy"], "tpf": r["tpf"]} for r in rows[name]])
+        at = next(r for r in rows[name] if abs(r["value"] - 0.9) < 1e-9)
+        region[name] = {**v, "final": at["final"], "mean_length": at["mean_length"], "filler_share": at["filler_share"]}
+    blocks = {}
+    for name, r in rows.items():
+        if name == "base":
+            continue
+        b = frontier_block(base, r, n_boot=n_boot, names=("base", name))
+        at = next(x for x in r if abs(x["value"] - 0.9) < 1e-9)
+        b["at_0.9"] = {k: at[k] for k in ("accuracy", "final", "tpf", "mean_length", "filler_share")}
+        blocks[name] = b
+    orl = [n for n in blocks if n.startswith("orl_s")]
+    summary = {"orl_gain": _stats([blocks[n]["gain"] for n in orl]),
+               "orl_acc_gain_points": _stats([blocks[n]["acc_gain_points"] for n in orl])}
+    return {"region": region, "blocks": blocks, "summary": summary}
+
+
+def _f(x, fmt="{:.2f}", none="-"):
+    return none if x is None else fmt.format(x)
+
+
+def table(family: str, res: dict) -> str:
+    """Markdown: the base's region, then one line per method (ORL as mean +- sd over seeds, and per seed)."""
+
+    def fastest(name: str) -> str:
+        r = min(res["sweeps"][name], key=lambda x: x["value"])
+        return f"{100 * r['accuracy']:.1f} / {r['tpf']:.2f}"
+    lines = [f"**{family}** {res['task_kwargs']}, n = {res['n_sweep']} held-out problems per setting, thresholds "
+             f"{', '.join(f'{v:g}' for v in res['thresholds'])}", "",
+             "| base | strict % @0.9 | final-only % @0.9 | TPF @0.9 | 2x TPF: strict % (threshold) | cost (points) "
+             "| in region | bends |", "|---|---|---|---|---|---|---|---|"]
+    for name, v in res["region"].items():
+        # 2x not reached: the sweep's fastest setting is reported with its cost; whether that is a steep
+        # frontier or a TPF ceiling (one denoising step + the commit per block) is for the reader to judge
+        at2 = (f"{100 * v['strict_at_target']:.1f} ({v['nearest_threshold']:g})" if v["reached"]
+               else f"2x not reached: max TPF {v['max_tpf']:.2f} (threshold {v['max_tpf_threshold']:g})")
+        cost = (_f(v["drop_points"], "{:.1f}") if v["reached"]
+                else f"{v['drop_at_max_tpf_points']:.1f} at max TPF")
+        bends = ("yes" if v["bends"] else "no") if v["reached"] else "n/a (2x beyond the sweep)"
+        lines.append(f"| {name} | {100 * v['strict']:.1f} | {100 * v['final']:.1f} | {v['tpf']:.2f} | {at2} | "
+                     f"{cost} | {'yes' if v['base_in_range'] else 'no'} | {bends} |")
+    b0 = next(iter(res["blocks"].values()))
+    lvl = b0["level"]
+    lines += ["", f"Base at the fastest threshold: {fastest('base')} (strict % / TPF).",
+              "", f"Baseline (a), the base's own frontier: best strict accuracy {100 * b0['base_best_accuracy']:.1f} % at "
+              f"TPF {b0['base_best_tpf']:.2f}; at {100 * lvl:.1f} % its frontier reaches TPF {_f(b0['base_tpf'])}"
+              + (" (its fastest setting: capped)" if b0["base_capped"] else "") + ".",
+              "", f"Frontier gain = TPF ratio at the base's best strict accuracy - 1 point ({100 * lvl:.1f} %), "
+              "95 % paired-bootstrap CI; accuracy gain at the TPF of the base's best setting; length / filler at "
+              "threshold 0.9.", "",
+              "| method | frontier gain (CI) | acc. gain (points) | strict % @0.9 | TPF @0.9 | strict % / TPF at the "
+              "fastest threshold | mean length | filler % |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    s = res["summary"]
+    orl = [n for n in res["blocks"] if n.startswith("orl_s")]
+    if orl:
+        g, a = s["orl_gain"], s["orl_acc_gain_points"]
+        mean = lambda k: statistics.mean(res["blocks"][n]["at_0.9"][k] for n in orl)  # noqa: E731
+        lines.append(f"| ORL (mean +- sd, {len(orl)} seeds; {g['n']} reach the level) | {_f(g['mean'])} +- "
+                     f"{_f(g['sd'])} | {_f(a['mean'], '{:+.1f}')} +- {_f(a['sd'], '{:.1f}')} | "
+                     f"{100 * mean('accuracy'):.1f} | {mean('tpf'):.2f} | - | {mean('mean_length'):.1f} | "
+                     f"{100 * mean('filler_share'):.1f} |")
+    for name, b in res["blocks"].items():
+        at = b["at_0.9"]
+        ci = b.get("gain_ci") or [None, None]
+        gain = "none" if b["gain"] is None else f"{b['gain']:.2f} ({ci[0]:.2f}-{ci[1]:.2f})"
+        lines.append(f"| {name} | {gain} | {_f(b['acc_gain_points'], '{:+.1f}')} | {100 * at['accuracy']:.1f} | "
+                     f"{at['tpf']:.2f} | {fastest(name)} | {at['mean_length']:.1f} | {100 * at['filler_share']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", help="one of orl.recipes.suite.FAMILIES (omit with --report)")
+    ap.add_argument("--out", default="runs/suite_runs")
+    ap.add_argument("--base", default=None, help="a finished suite_sft_<family> model (seed 0) to reuse")
+    ap.add_argument("--orl-seeds", default="0,1,2")
+    ap.add_argument("--sft-seeds", default="0")
+    ap.add_argument("--n-sweep", type=int, default=300)
+    ap.add_argument("--thresholds", default=",".join(map(str, GRID)))
+    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--set-orl", dest="sets_orl", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps of ORL, RFT and more SFT (default: "
+                    "the recipes'); for smoke tests")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--train-only", action="store_true", help="train the models, sweep nothing")
+    ap.add_argument("--report", action="store_true", help="rebuild --out/table.markdown from the families' results")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    if a.report:
+        parts = []
+        for fam in sorted(os.listdir(a.out)):
+            p = os.path.join(a.out, fam, "results.json")
+            if os.path.exists(p):
+                parts.append(table(fam, json.load(open(p))))
+        open(os.path.join(a.out, "table.markdown"), "w").write("\n\n".join(parts) + "\n")
+        print("\n\n".join(parts))
+        return
+    from orl.recipes.suite import FAMILIES
+    if a.family not in FAMILIES:
+        raise SystemExit(f"unknown family {a.family!r}; choose one of {', '.join(FAMILIES)}")
+    t0 = time.time()
+    out = os.path.join(a.out, a.family)
+    seeds = [int(x) for x in a.orl_seeds.split(",") if x]
+    sft_seeds = sorted({0, *(int(x) for x in a.sft_seeds.split(",") if x)})
+    dirs = train_all(a.family, out, a.base, seeds, sft_seeds, a.sets_orl, a.steps)
+    if a.train_only:
+        return
+    values = sorted({float(v) for v in a.thresholds.split(",")} | {0.9})
+    rows = sweep_all(a.family, out, dirs, a.n_sweep, values)
+    res = compare(rows, a.n_boot)
+    res.update(family=a.family, task_kwargs=FAMILIES[a.family][0], n_sweep=a.n_sweep, thresholds=values,
+               models=dirs, orl_seeds=seeds, sft_seeds=sft_seeds, sets_orl=a.sets_orl,
+               sweeps={n: [{k: v for k, v in r.items() if k != "records"} for r in rs] for n, rs in rows.items()},
+               machine=f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}",
+               seconds=time.time() - t0)
+    for b in res["blocks"].values():
+        b.pop("curves", None)
+    json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=2)
+    md = table(a.family, res)
+    open(os.path.join(out, "table.markdown"), "w").write(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
