@@ -44,6 +44,17 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def _stage(label: str, final: str, train) -> str:
+    """``final`` when a model is already there, else ``train()`` (resumable) timed and logged."""
+    if _done(final):
+        return final
+    _log(label)
+    t = time.time()
+    final = train()
+    _log(f"  done in {(time.time() - t) / 60:.1f} min")
+    return final
+
+
 def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, sets_orl, steps: int | None = None
               ) -> dict[str, str]:
     """Every model of the comparison, trained or found; name -> final model directory. ``steps``: the
@@ -62,12 +73,8 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
             continue
         cfg = get_recipe(f"suite_sft_{family}", out=os.path.join(out, f"sft_s{s}"))
         cfg.seed = s
-        final = os.path.join(cfg.out, "final")
-        if not _done(final):
-            _log(f"{family}: SFT seed {s} ({cfg.total_steps} steps)")
-            t = time.time()
-            final = train_sft(cfg, resume=True, quiet=True)
-            _log(f"  done in {(time.time() - t) / 60:.1f} min")
+        final = _stage(f"{family}: SFT seed {s} ({cfg.total_steps} steps)", os.path.join(cfg.out, "final"),
+                       lambda cfg=cfg: train_sft(cfg, resume=True, quiet=True))
         dirs[name] = final
     base = dirs["base"]
     start = os.path.join(out, "start")
@@ -78,31 +85,21 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
                               list(sets_orl))
         cfg.seed, cfg.eval_every = k, 0
         cfg.steps = steps or cfg.steps
-        final = os.path.join(cfg.out, "final")
-        if not _done(final):
-            _log(f"{family}: ORL seed {k} ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})")
-            t = time.time()
-            final = train_orl(cfg, resume=True, quiet=True)
-            _log(f"  done in {(time.time() - t) / 60:.1f} min")
+        label = f"{family}: ORL seed {k} ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
+        final = _stage(label, os.path.join(cfg.out, "final"),
+                       lambda cfg=cfg: train_orl(cfg, resume=True, quiet=True))
         dirs[f"orl_s{k}"] = final
     cfg = get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft"))
     cfg.steps = steps or cfg.steps
-    final = os.path.join(cfg.out, "final")
-    if not _done(final):
-        _log(f"{family}: RFT ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})")
-        t = time.time()
-        final = train_rft(cfg, resume=True, quiet=True)
-        _log(f"  done in {(time.time() - t) / 60:.1f} min")
+    label = f"{family}: RFT ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
+    final = _stage(label, os.path.join(cfg.out, "final"),
+                   lambda: train_rft(cfg, resume=True, quiet=True))
     dirs["rft"] = final
     cfg = get_recipe(f"more_sft_suite_{family}", init=base,
                      out=os.path.join(out, "more_sft"))
     cfg.stages[0].steps = steps or cfg.stages[0].steps
-    final = os.path.join(cfg.out, "final")
-    if not _done(final):
-        _log(f"{family}: more SFT ({cfg.total_steps} steps)")
-        t = time.time()
-        final = train_sft(cfg, resume=True, quiet=True)
-        _log(f"  done in {(time.time() - t) / 60:.1f} min")
+    final = _stage(f"{family}: more SFT ({cfg.total_steps} steps)", os.path.join(cfg.out, "final"),
+                   lambda: train_sft(cfg, resume=True, quiet=True))
     dirs["more_sft"] = final
     return dirs
 

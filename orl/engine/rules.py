@@ -364,8 +364,8 @@ def canvas_round(logits, hist, step, max_steps, t_min, t_span, bound, conf, seed
     hist (s, B, K) argmax history (-1 at a canvas start); step (the round of the canvas), max_steps,
     counter (1,) int64; seed (B,) int64, one per row; t_min, t_span, bound (nats), conf (nats) (1,)
     float32. Returns (processed logits lg (B, K, V) float32, the next canvas (B, K), the next
-    history, finished (B,) bool, the accepted positions (B, K), the entropy (B, K) in nats). Draws use ``counter``; the caller advances it. The reference of
-    `canvas_round_fused`."""
+    history, finished (B,) bool, the accepted positions (B, K), the entropy (B, K) in nats). Draws
+    use ``counter``; the caller advances it. The reference of `canvas_round_fused`."""
     B, K, V = logits.shape
     lg = logits.float() / temperature(step, max_steps, t_min, t_span)
     arg = lg.argmax(-1)

@@ -10,6 +10,8 @@ Shapes: B batch, T new tokens, S visible keys (cache + new), D hidden, H heads, 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -109,23 +111,17 @@ class Attention(nn.Module):
             dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
             out = staircase_attention(q.to(dt), k.to(dt), v.to(dt), mask, self.scale)
         else:  # a FlexAttention BlockMask (`orl.model.masks.staircase_block_mask`): invisible tiles skipped
-            out = _flex(q.device)(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
+            out = _flex(q.device.type)(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * hd))
 
 
-_FLEX: list = []
-
-
-def _flex(device: torch.device):
-    """FlexAttention, compiled once on first use with CUDA tensors (eager FlexAttention materialises every
-    score; compiled, it runs one fused kernel that skips the BlockMask's empty tiles). On the CPU
-    (forward only: tests) the eager function."""
+@functools.cache
+def _flex(device_type: str):
+    """FlexAttention, compiled once for CUDA tensors (eager FlexAttention materialises every score;
+    compiled, it runs one fused kernel that skips the BlockMask's empty tiles; shapes turn dynamic on
+    a second T). On the CPU (forward only: tests) the eager function."""
     from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415
-    if device.type != "cuda":
-        return flex_attention
-    if not _FLEX:
-        _FLEX.append(torch.compile(flex_attention))  # shapes turn dynamic on a second T
-    return _FLEX[0]
+    return torch.compile(flex_attention) if device_type == "cuda" else flex_attention
 
 
 def _act(name: str):

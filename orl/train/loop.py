@@ -134,12 +134,17 @@ def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, min
     return rolls
 
 
+def _uses_runtime(cfg: ORLConfig, device) -> bool:
+    """The rollouts go through the runtime: asked for, or "auto" on CUDA."""
+    return cfg.rollout_engine == "runtime" or (cfg.rollout_engine == "auto" and str(device).startswith("cuda"))
+
+
 def _rollout_runtime(cfg: ORLConfig, policy, device: str):
     """The runtime that decodes a group's G rows per launch, every family's steps captured (None:
     the reference decoder)."""
     if cfg.rollout_engine not in ("auto", "runtime", "reference"):
         raise ValueError(f"rollout_engine must be 'auto', 'runtime' or 'reference', got {cfg.rollout_engine!r}")
-    if cfg.rollout_engine == "reference" or (cfg.rollout_engine == "auto" and not str(device).startswith("cuda")):
+    if not _uses_runtime(cfg, device):
         return None
     from ..engine.runtime import Runtime  # noqa: PLC0415
     n = cfg.max_prompt_tokens + cfg.decode.max_new_tokens + 2 * cfg.decode.block_size
@@ -185,8 +190,7 @@ class ORLTrainer:
         self.sharded = world > 1
         self.replica = None
         if self.sharded:
-            runtime = cfg.rollout_engine == "runtime" or (cfg.rollout_engine == "auto" and device.startswith("cuda"))
-            rdt = _DTYPES.get(cfg.rollout_dtype) if runtime and cfg.rollout_dtype else None
+            rdt = _DTYPES.get(cfg.rollout_dtype) if _uses_runtime(cfg, device) and cfg.rollout_dtype else None
             self.replica = D.make_replica(model, rdt) if self.behaviour is None else None
             D.shard(model, torch.bfloat16 if cfg.precision == "bf16" else None)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
