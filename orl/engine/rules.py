@@ -332,13 +332,13 @@ class CanvasRule(_Rule):
         else:
             lg, canvas, hist, finished, take, ent = canvas_round(*args)
             probs = Smp.dgemma_selfcond_probs(lg, rt.w.dtype) if use_res else None
-        if rt._cap is not None:  # what a capture reads: the normalised entropy of softmax(lg), as the reference
-            V = logits.shape[-1]
+        if rt._cap is not None:  # what a capture reads (the reference trace's): the normalised entropy of
+            V = logits.shape[-1]  # softmax(lg), the kept positions, the re-noised ones; top-k: of the raw logits
             ent = ent / math.log(V) if self.sampler == "triton" else Smp.normalized_entropy(torch.softmax(lg, -1))
-            self.last = (Dist(None, canvas, take.float(), None, ent), act)  # top-k: of the raw logits
-        stop = finished[:, None]
-        self.last_take = take | stop
-        self.unresolved.copy_(torch.where(act[:, None], ~take & ~stop, self.unresolved))
+            self.last = (Dist(None, canvas, take.float(), None, ent), act)
+            stop = finished[:, None]
+            self.last_take = take | stop
+            self.unresolved.copy_(torch.where(act[:, None], ~take & ~stop, self.unresolved))
         rt.canvas.copy_(torch.where(act[:, None], canvas, rt.canvas))
         if self.hist.shape[0]:
             self.hist.copy_(torch.where(act[None, :, None], hist, self.hist))
