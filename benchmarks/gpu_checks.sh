@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks the open rollout / training-system work still owes, in one call of <= 10 minutes on
-# one H200 (run it with the ignored .whl/ folder carried along: see benchmarks/gpu_tests.sh):
-#   1. the CUDA equivalence tests fixed since their last GPU run (DiffusionGemma / LLaDA batches, the
-#      fused mask sampler);
-#   2. the rollout benchmark with the fused logits pass, Qwen3-4B shape, B = 16 and 64;
-#   3. the 4B ORL step: full, Triton staircase, and all-off in the same run (the eager rows take
-#      ~4 minutes each: no-runtime is left out so that all-off fits; run it alone with --warmup 0).
-# Usage: bash benchmarks/gpu_checks.sh OUT
+# The GPU checks the rollout / training-system work owes, in calls of <= 10 minutes on one H200 (run
+# with the ignored .whl/ folder carried along: see benchmarks/gpu_tests.sh). Usage:
+#   bash benchmarks/gpu_checks.sh OUT STAGE
+# STAGE:
+#   engine  the CUDA equivalence tests (runtime == reference decoder, batched and sampled, the fused
+#           mask sampler, the kernels, the staircase kernels), the rollout benchmark for the Qwen3-4B
+#           shape with the fused logits pass (B = 1, 8, 16, 64; eager reference at B = 16; profiles),
+#           and the staircase kernel benchmark;
+#   step    the 4B ORL step: full, Triton staircase and all-off in the same run;
+#   moe     the LLaDA-2.1-mini-width ORL step (MoE path) and, on the CPU cores at the same time, the
+#           whole CPU test suite (CUDA hidden) on this machine's CPU and torch.
 set -u -o pipefail
-OUT=${1:?out dir}
+OUT=${1:?out dir}; STAGE=${2:?stage: engine, step or moe}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -17,9 +20,26 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py \
-  -k "batch_sampled or fused_mask" > "$OUT/gpu_tests.log" 2>&1; tail -n 3 "$OUT/gpu_tests.log"
-timeout 90 python3 benchmarks/rollout.py --out "$OUT/rollout" --families sdar --batches 16,64 --ref-batch 0 \
-  --sampler triton > "$OUT/rollout.log" 2>&1; tail -n 6 "$OUT/rollout.log"
-timeout 400 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,triton,all-off > "$OUT/train_step.log" 2>&1
-tail -n 12 "$OUT/train_step.log"
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  lscpu | grep "Model name"; nproc
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+} > "$OUT/machine.txt" 2>&1
+case "$STAGE" in
+engine)
+  timeout 260 python3 -m pytest -q -p no:cacheprovider -rs --durations=10 tests/test_engine_gpu.py \
+    tests/test_engine_batch.py tests/test_engine_kernels.py tests/test_staircase_kernel.py \
+    > "$OUT/gpu_tests.log" 2>&1; tail -n 14 "$OUT/gpu_tests.log"
+  timeout 190 python3 benchmarks/rollout.py --out "$OUT/rollout" --families sdar --batches 1,8,16,64 \
+    --ref-batch 16 --sampler triton --profile 16,64 > "$OUT/rollout.log" 2>&1; tail -n 12 "$OUT/rollout.log"
+  timeout 110 python3 benchmarks/staircase_bench.py --out "$OUT/staircase" > "$OUT/staircase.log" 2>&1
+  tail -n 12 "$OUT/staircase.log" ;;
+step)
+  timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,triton,all-off \
+    > "$OUT/train_step.log" 2>&1; tail -n 12 "$OUT/train_step.log" ;;
+moe)
+  ( CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 540 python3 -m pytest -q -p no:cacheprovider -x tests > "$OUT/cpu_tests.log" 2>&1 ) &
+  timeout 540 python3 benchmarks/train_step.py --out "$OUT/moe" --family llada --layers 6 \
+    --rows full,dense,no-packing,no-balance > "$OUT/train_step_moe.log" 2>&1; tail -n 12 "$OUT/train_step_moe.log"
+  wait; tail -n 5 "$OUT/cpu_tests.log" ;;
+*) echo "unknown stage $STAGE (engine, step or moe)"; exit 2 ;;
+esac
