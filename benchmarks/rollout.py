@@ -20,6 +20,7 @@ on the ``--ref-batch`` batch, same prompt and tokens, in the same run. Writes DI
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -83,6 +84,7 @@ def run(name: str, batches: list[int], new_tokens: int, ref_batch: int, profile:
              "capture overhead", "setup s"], rows)
     if ref_batch:
         p = prompt.expand(ref_batch, -1)
+        decode(model, p, dataclasses.replace(dcfg, max_new_tokens=K), rng=CounterRNG(2), trace=True)  # warm-up
         t = timed(lambda: decode(model, p, dcfg, rng=CounterRNG(2), trace=True))
         ref_tps = ref_batch * new_tokens / t
         vs = f"= **{ref_tps_rt / ref_tps:.1f}x** (target >= 10x)" if ref_tps_rt else "(runtime row missing)"

@@ -78,7 +78,7 @@ def test_flex_block_mask_equals_the_dense_mask(setup):
     from torch.nn.attention.flex_attention import create_mask  # noqa: PLC0415
     B, T = b.tokens.shape
     m = staircase_block_mask(b.meta[:, 0], b.meta[:, 1], b.meta[:, 2], 16)
-    assert torch.equal(create_mask(m.mask_mod, B, None, T, T)[:, 0], b.mask)
+    assert torch.equal(create_mask(m.mask_mod, B, None, T, T, device=b.mask.device)[:, 0], b.mask)
     cfg = LossConfig(gate="soft", anchor="none")
     out = {}
     grads = torch.cuda.is_available()  # FlexAttention has no backward on the CPU: gradients on CUDA only
