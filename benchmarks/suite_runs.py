@@ -21,6 +21,7 @@ Writes ``--out/<family>/results.json`` (sweeps without per-problem records; thos
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -34,6 +35,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from suite_calibrate import verdict  # noqa: E402
 
 GRID = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+# the release's Table 3a rows (and two of our own), as overrides of orl_suite_<family>; each trained at
+# every ORL seed from the same start model. "no_pathway" also decodes its sweep without the residual.
+ABLATIONS = {"no_aec": ["loss.lambda_aec=0"], "no_anchor": ["loss.anchor=none"],
+             "no_pathway": ["decode.residual=false", "eval_decode.residual=false"],
+             "gamma1": [], "offpolicy": ["stale_every=10"]}
+GROUPS = ("orl", *ABLATIONS)   # the names trained per seed: <group>_s<k>
 
 
 def _done(d: str) -> bool:
@@ -55,10 +62,11 @@ def _stage(label: str, final: str, train) -> str:
     return final
 
 
-def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, sets_orl, steps: int | None = None
-              ) -> dict[str, str]:
+def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, sets_orl, steps: int | None = None,
+              ablations=(), baselines: bool = True) -> dict[str, str]:
     """Every model of the comparison, trained or found; name -> final model directory. ``steps``: the
-    optimizer steps of ORL, RFT and more SFT alike (None: the recipes'; a smoke test's few)."""
+    optimizer steps of ORL, RFT and more SFT alike (None: the recipes'; a smoke test's few); ``ablations``:
+    names of ABLATIONS, each trained at every ORL seed; ``baselines``: also RFT and more SFT."""
     from orl.model.convert import make_orl_start
     from orl.recipes import apply_overrides, get_recipe
     from orl.train.loop import train_orl
@@ -77,18 +85,22 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
                        lambda cfg=cfg: train_sft(cfg, resume=True, quiet=True))
         dirs[name] = final
     base = dirs["base"]
-    start = os.path.join(out, "start")
-    if not _done(start):
-        make_orl_start(base, start, 8.0)
-    for k in orl_seeds:
-        cfg = apply_overrides(get_recipe(f"orl_suite_{family}", init=start, out=os.path.join(out, f"orl_s{k}")),
-                              list(sets_orl))
-        cfg.seed, cfg.eval_every = k, 0
-        cfg.steps = steps or cfg.steps
-        label = f"{family}: ORL seed {k} ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
-        final = _stage(label, os.path.join(cfg.out, "final"),
-                       lambda cfg=cfg: train_orl(cfg, resume=True, quiet=True))
-        dirs[f"orl_s{k}"] = final
+    starts = {8.0: os.path.join(out, "start"), 1.0: os.path.join(out, "start_gamma1")}
+    for group in ("orl", *ablations):
+        gamma = 1.0 if group == "gamma1" else 8.0
+        if not _done(starts[gamma]):
+            make_orl_start(base, starts[gamma], gamma)
+        for k in orl_seeds:
+            name = f"{group}_s{k}"
+            cfg = apply_overrides(get_recipe(f"orl_suite_{family}", init=starts[gamma], out=os.path.join(out, name)),
+                                  [*sets_orl, *ABLATIONS.get(group, [])])
+            cfg.seed, cfg.eval_every = k, 0
+            cfg.steps = steps or cfg.steps
+            label = f"{family}: {group} seed {k} ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
+            dirs[name] = _stage(label, os.path.join(cfg.out, "final"),
+                                lambda cfg=cfg: train_orl(cfg, resume=True, quiet=True))
+    if not baselines:
+        return dirs
     cfg = get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft"))
     cfg.steps = steps or cfg.steps
     label = f"{family}: RFT ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
@@ -128,7 +140,8 @@ def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> di
             continue
         _log(f"{family}: sweep {name} ({len(values)} thresholds x {len(problems)} problems)")
         model, tok = load_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
-        r = sweep(model, tok, task, problems, dcfg, values)
+        cfg = dataclasses.replace(dcfg, residual=False) if name.startswith("no_pathway_") else dcfg
+        r = sweep(model, tok, task, problems, cfg, values)
         for row in r:
             row["final"] = sum(task.verify_final(by_id[x["id"]], x["completion"]) for x in row["records"]) / len(problems)
         json.dump({"model": d, "rows": r}, open(path, "w"))
@@ -159,9 +172,14 @@ def compare(rows: dict[str, list[dict]], n_boot: int) -> dict:
         at = next(x for x in r if abs(x["value"] - 0.9) < 1e-9)
         b["at_0.9"] = {k: at[k] for k in ("accuracy", "final", "tpf", "mean_length", "filler_share")}
         blocks[name] = b
-    orl = [n for n in blocks if n.startswith("orl_s")]
-    summary = {"orl_gain": _stats([blocks[n]["gain"] for n in orl]),
-               "orl_acc_gain_points": _stats([blocks[n]["acc_gain_points"] for n in orl])}
+    summary = {}
+    for g in GROUPS:
+        names = [n for n in blocks if n.startswith(f"{g}_s")]
+        if names:
+            summary[f"{g}_gain"] = _stats([blocks[n]["gain"] for n in names])
+            summary[f"{g}_acc_gain_points"] = _stats([blocks[n]["acc_gain_points"] for n in names])
+            for k in ("accuracy", "tpf"):
+                summary[f"{g}_{k}_at_0.9"] = _stats([blocks[n]["at_0.9"][k] for n in names])
     return {"region": region, "blocks": blocks, "summary": summary}
 
 
@@ -203,14 +221,19 @@ def table(family: str, res: dict) -> str:
               "|---|---|---|---|---|---|---|---|"]
 
     s = res["summary"]
-    orl = [n for n in res["blocks"] if n.startswith("orl_s")]
-    if orl:
-        g, a = s["orl_gain"], s["orl_acc_gain_points"]
-        mean = lambda k: statistics.mean(res["blocks"][n]["at_0.9"][k] for n in orl)  # noqa: E731
-        lines.append(f"| ORL (mean +- sd, {len(orl)} seeds; {g['n']} reach the level) | {_f(g['mean'])} +- "
+    for grp in GROUPS:
+        names = [n for n in res["blocks"] if n.startswith(f"{grp}_s")]
+        if not names:
+            continue
+        g, a = s[f"{grp}_gain"], s[f"{grp}_acc_gain_points"]
+        mean = lambda k, names=names: statistics.mean(res["blocks"][n]["at_0.9"][k] for n in names)  # noqa: E731
+        sd = lambda k, names=names: (statistics.stdev(res["blocks"][n]["at_0.9"][k] for n in names)  # noqa: E731
+                                     if len(names) > 1 else 0.0)
+        label = "ORL" if grp == "orl" else f"ORL {grp.replace('_', ' ')}"
+        lines.append(f"| {label} (mean +- sd, {len(names)} seeds; {g['n']} reach the level) | {_f(g['mean'])} +- "
                      f"{_f(g['sd'])} | {_f(a['mean'], '{:+.1f}')} +- {_f(a['sd'], '{:.1f}')} | "
-                     f"{100 * mean('accuracy'):.1f} | {mean('tpf'):.2f} | - | {mean('mean_length'):.1f} | "
-                     f"{100 * mean('filler_share'):.1f} |")
+                     f"{100 * mean('accuracy'):.1f} +- {100 * sd('accuracy'):.1f} | {mean('tpf'):.2f} +- {sd('tpf'):.2f} | - | "
+                     f"{mean('mean_length'):.1f} | {100 * mean('filler_share'):.1f} |")
     for name, b in res["blocks"].items():
         at = b["at_0.9"]
         ci = b.get("gain_ci") or [None, None]
@@ -234,6 +257,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps of ORL, RFT and more SFT (default: "
                     "the recipes'); for smoke tests")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ablations", default="", help=f"comma-separated, of {', '.join(ABLATIONS)}: each trained at every "
+                    "ORL seed")
+    ap.add_argument("--no-baselines", action="store_true", help="skip RFT and more SFT (e.g. an ablation-only call)")
     ap.add_argument("--train-only", action="store_true", help="train the models, sweep nothing")
     ap.add_argument("--report", action="store_true", help="rebuild --out/table.markdown from the families' results")
     a = ap.parse_args()
@@ -254,14 +280,17 @@ def main() -> None:
     out = os.path.join(a.out, a.family)
     seeds = [int(x) for x in a.orl_seeds.split(",") if x]
     sft_seeds = sorted({0, *(int(x) for x in a.sft_seeds.split(",") if x)})
-    dirs = train_all(a.family, out, a.base, seeds, sft_seeds, a.sets_orl, a.steps)
+    abl = [x for x in a.ablations.split(",") if x]
+    if unknown := [x for x in abl if x not in ABLATIONS]:
+        raise SystemExit(f"unknown ablation(s) {unknown}; choose from {', '.join(ABLATIONS)}")
+    dirs = train_all(a.family, out, a.base, seeds, sft_seeds, a.sets_orl, a.steps, abl, not a.no_baselines)
     if a.train_only:
         return
     values = sorted({float(v) for v in a.thresholds.split(",")} | {0.9})
     rows = sweep_all(a.family, out, dirs, a.n_sweep, values)
     res = compare(rows, a.n_boot)
     res.update(family=a.family, task_kwargs=FAMILIES[a.family][0], n_sweep=a.n_sweep, thresholds=values,
-               models=dirs, orl_seeds=seeds, sft_seeds=sft_seeds, sets_orl=a.sets_orl,
+               models=dirs, orl_seeds=seeds, ablations=abl, sft_seeds=sft_seeds, sets_orl=a.sets_orl,
                sweeps={n: [{k: v for k, v in r.items() if k != "records"} for r in rs] for n, rs in rows.items()},
                machine=f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}",
                seconds=time.time() - t0)
