@@ -12,6 +12,8 @@ The task knobs are pinned here (as ``arith_sft`` pins its own), so a change of a
 does not silently change a recipe. Whether a family's base lands where the release's bases sit is
 measured by benchmarks/suite_calibrate.py, not by these functions.
 """
+from typing import NamedTuple
+
 from orl.recipes.arith import arith_sft
 from orl.recipes.orl_arith import orl_arith
 from orl.train.loop import ORLConfig
@@ -31,24 +33,38 @@ from orl.train.sft import SFTConfig, SFTStage
 #   chain steps=3 max_value=20        strict 57.3 %, TPF 3.61; flat: 59.3 % at threshold 0.3 (TPF 6.29), no bend
 #   carry_add                         not calibrated (time)
 # None meets the region yet; the defaults below are unchanged.
-FAMILIES: dict[str, tuple[dict, int]] = {
-    "carry_add": (dict(terms=2, digits=4), 48),
-    "carry_mul": (dict(digits=3), 48),
-    "chain": (dict(steps=5, max_value=99), 48),
-    "string": (dict(length=9, rule="perm", table_seed=0), 48),
+class Family(NamedTuple):
+    """What a family's recipes pin: the task's knobs, the decoders' token budget (the longest response +
+    EOS, rounded up to whole blocks), the block size of SFT and of both decoders, and the steps of the
+    SFT's two stages (diffusion, self-conditioning)."""
+    task_kwargs: dict
+    max_new_tokens: int
+    block_size: int = 16
+    sft_steps: tuple[int, int] = (600, 400)
+
+
+FAMILIES: dict[str, Family] = {
+    "carry_add": Family(dict(terms=2, digits=4), 48),
+    "carry_mul": Family(dict(digits=3), 48),
+    "chain": Family(dict(steps=5, max_value=99), 48),
+    "string": Family(dict(length=9, rule="perm", table_seed=0), 48),
 }
 
 
 def _sft(family: str, out: str) -> SFTConfig:
-    cfg = arith_sft(out)
-    cfg.task, cfg.task_kwargs = family, dict(FAMILIES[family][0])
+    cfg, fam = arith_sft(out), FAMILIES[family]
+    cfg.task, cfg.task_kwargs = family, dict(fam.task_kwargs)
+    for stage, steps in zip(cfg.stages, fam.sft_steps, strict=True):
+        stage.steps = steps
+        stage.block_size = None if fam.block_size == 16 else fam.block_size   # 16: the small model's own
     return cfg
 
 
 def _orl(family: str, init: str, out: str) -> ORLConfig:
-    cfg = orl_arith(init, out)
-    cfg.task, cfg.task_kwargs = family, dict(FAMILIES[family][0])
-    cfg.decode.max_new_tokens = cfg.eval_decode.max_new_tokens = FAMILIES[family][1]
+    cfg, fam = orl_arith(init, out), FAMILIES[family]
+    cfg.task, cfg.task_kwargs = family, dict(fam.task_kwargs)
+    cfg.decode.max_new_tokens = cfg.eval_decode.max_new_tokens = fam.max_new_tokens
+    cfg.decode.block_size = cfg.eval_decode.block_size = fam.block_size
     return cfg
 
 
