@@ -36,7 +36,7 @@ rollout)
   timeout 260 python3 benchmarks/rollout.py --out "$OUT/rollout_llada" --families llada --batches 1,8,16,64 \
     --ref-batch 0 --sampler triton --profile 64 > "$OUT/rollout_llada.log" 2>&1; tail -n 8 "$OUT/rollout_llada.log" ;;
 step)
-  timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,triton,all-off --row-limit 330 \
+  timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,triton,all-off --row-limit 330 --sampler triton \
     > "$OUT/train_step.log" 2>&1; tail -n 12 "$OUT/train_step.log" ;;
 moe)
   ( CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 540 python3 -m pytest -q -p no:cacheprovider -x tests > "$OUT/cpu_tests.log" 2>&1 ) &

@@ -149,7 +149,8 @@ def base_config(a, model) -> ORLConfig:
                             threshold=1.01, steps=K // 2),
         device=a.device, rollout_engine="runtime", rollout_dtype="bfloat16", max_prompt_tokens=P,
         precision="bf16", checkpoint_layers=True, anchor_dtype="bfloat16", replay_attention="flex" if a.device == "cuda" else "dense",
-        micro_batch_tokens=a.micro, balance=True, replay_head="states", out=os.path.join(a.out, "run"), save_every=10**9)
+        micro_batch_tokens=a.micro, balance=True, replay_head="states", out=os.path.join(a.out, "run"), save_every=10**9,
+        rollout_sampler=a.sampler)
 
 
 def one_step(tr: ORLTrainer, cfg: ORLConfig) -> dict:
@@ -183,6 +184,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", default=None, help="a named small size instead of the real shape (CPU checks)")
     ap.add_argument("--rows", default="full,dense,no-balance,no-packing,no-runtime,all-off")
+    ap.add_argument("--sampler", default="auto", choices=["auto", "torch", "triton"],
+                    help="the runtime's logits pass for every row's rollouts (ORLConfig.rollout_sampler)")
     ap.add_argument("--row-limit", type=float, default=0, help="stop a row after this many seconds and report its "
                     "step time as a lower bound (0: no limit); for the eager rows, which may not fit one call")
     a = ap.parse_args()
@@ -198,7 +201,8 @@ def main() -> None:
     say(f"# One ORL step at the {a.family} shape ({datetime.date.today()}, {card}, "
         f"torch {torch.__version__})\n")
     say(f"`python benchmarks/train_step.py --family {a.family} --prompts {a.prompts} --group {a.group} "
-        f"--new-tokens {a.new_tokens} --states {a.states} --row-tokens {a.row_tokens} --micro {a.micro}`; "
+        f"--new-tokens {a.new_tokens} --states {a.states} --row-tokens {a.row_tokens} --micro {a.micro} "
+        f"--sampler {a.sampler}`; "
         f"{n_par / 1e9:.2f} B parameters ({model.config.num_layers} layers, D {model.config.hidden_size}, "
         f"block {model.config.block_size}), built in {time.time() - t0:.0f} s\n")
     for _ in range(a.warmup):

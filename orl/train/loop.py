@@ -64,6 +64,9 @@ class ORLConfig:
     rollout_engine: str = "auto"      # "runtime": G rows per launch through orl.engine (CUDA graphs, capture
                                       # in the graph); "reference": orl.decode.decode; "auto": runtime on CUDA
     rollout_dtype: str | None = None  # the runtime's weights/activations ("bfloat16", ...); None: the model's
+    rollout_sampler: str = "auto"     # the runtime's per-round pass over the logits: "torch" ("auto" for the mask
+                                      # rules: the reference decoder's numerics) or "triton" (one fused read:
+                                      # capture <= 10 % of rollout time on the H200, benchmarks/RESULTS.md)
     rollout_rng: str = "torch"        # the reference decoder's stream: "torch" (a torch.Generator per prompt)
                                       # or "counter" (the runtime's: both decoders then take the same rollouts)
     max_prompt_tokens: int = 1024     # the runtime's KV cache holds this + max_new_tokens + two blocks per row
@@ -149,7 +152,7 @@ def _rollout_runtime(cfg: ORLConfig, policy, device: str):
     from ..engine.runtime import Runtime  # noqa: PLC0415
     n = cfg.max_prompt_tokens + cfg.decode.max_new_tokens + 2 * cfg.decode.block_size
     return Runtime(policy, cfg.decode.block_size, batch=cfg.group_size, dtype=cfg.rollout_dtype,
-                   max_len=min(n, policy.config.max_position))
+                   max_len=min(n, policy.config.max_position), sampler=cfg.rollout_sampler)
 
 
 class ORLTrainer:
