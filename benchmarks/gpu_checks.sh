@@ -7,7 +7,8 @@
 #           mask sampler, the kernels, the staircase kernels: more than 260 s);
 #   rollout the rollout benchmark with the fused logits pass for the Qwen3-4B shape (B = 1, 8, 16, 64; the eager reference at
 #           B = 16; a profile at 16) and the LLaDA-2.1-mini shape (B = 1, 8, 16, 64; a profile at 64);
-#   step    the 4B ORL step: full, Triton staircase and all-off in the same run (all-off stopped at
+#   step    the 4B ORL step (rollouts with the fused logits pass): full, Triton staircase and all-off
+#           in the same run (all-off stopped at
 #           330 s: its step time, and the ratio, are then lower bounds);
 #   moe     the LLaDA-2.1-mini-width ORL step (MoE path) and, on the CPU cores at the same time, the
 #           whole CPU test suite (CUDA hidden) on this machine's CPU and torch.
