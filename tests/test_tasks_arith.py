@@ -65,3 +65,20 @@ def test_bad_arguments():
         ArithTask(terms=1)
     with pytest.raises(ValueError, match="shuffle"):
         ArithTask(shuffle=1.5)
+
+
+def test_strict_verifier_grades_the_work():
+    """strict=True: every line a right sum continuing the previous one, the prompt's terms once each
+    in any order, the final answer the last sum; the lenient score reads only the answer."""
+    from orl.tasks.base import Problem
+    t = ArithTask(strict=True)
+    p = Problem(id="x", prompt="7+8+9+6=", answer=30, meta={"operands": [7, 8, 9, 6]})
+    cases = {"ok": "7+8=15;15+9=24;24+6=30;#30", "ok ": "6+9=15; 15+8=23; 23+7=30; #30",   # another order
+             "sum": "7+8=15;15+9=21;21+6=30;#30", "chain": "7+8=15;14+9=23;23+6=29;#30",
+             "operands": "7+8=15;15+9=24;24+7=31;#30", "final": "7+8=15;15+9=24;24+6=30;#31",
+             "malformed": "7+8=15;15+9;24+6=30;#30"}
+    for want, text in cases.items():
+        assert t.diagnose(p, text) == want.strip(), text
+        assert t.verify(p, text) == float(want.strip() == "ok")
+    assert t.verify_final(p, cases["sum"]) == 1.0 and ArithTask().verify(p, cases["sum"]) == 1.0
+    assert all(t.verify(q, t.solution(q)) == 1.0 for q in ArithTask(strict=True, shuffle=1.0).problems("test")[:200])

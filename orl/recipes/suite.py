@@ -44,6 +44,7 @@ class Family(NamedTuple):
 
 
 FAMILIES: dict[str, Family] = {
+    "arith": Family(dict(terms=4, digits=1, shuffle=0.25, strict=True), 48),   # the demo's task, work graded
     "carry_add": Family(dict(terms=2, digits=4), 48),
     "carry_mul": Family(dict(digits=3), 48),
     "chain": Family(dict(steps=5, max_value=99), 48),
@@ -88,6 +89,10 @@ def _more_sft(family: str, init: str, out: str) -> SFTConfig:
     return cfg
 
 
+def suite_sft_arith(out: str = "runs/suite/arith/sft") -> SFTConfig:
+    return _sft("arith", out)
+
+
 def suite_sft_carry_add(out: str = "runs/suite/carry_add/sft") -> SFTConfig:
     return _sft("carry_add", out)
 
@@ -104,6 +109,10 @@ def suite_sft_string(out: str = "runs/suite/string/sft") -> SFTConfig:
     return _sft("string", out)
 
 
+def orl_suite_arith(init: str = "runs/suite/arith/start", out: str = "runs/suite/arith/orl") -> ORLConfig:
+    return _orl("arith", init, out)
+
+
 def orl_suite_carry_add(init: str = "runs/suite/carry_add/start", out: str = "runs/suite/carry_add/orl") -> ORLConfig:
     return _orl("carry_add", init, out)
 
@@ -118,6 +127,14 @@ def orl_suite_chain(init: str = "runs/suite/chain/start", out: str = "runs/suite
 
 def orl_suite_string(init: str = "runs/suite/string/start", out: str = "runs/suite/string/orl") -> ORLConfig:
     return _orl("string", init, out)
+
+
+def rft_suite_arith(init: str = "runs/suite/arith/sft/final", out: str = "runs/suite/arith/rft") -> RFTConfig:
+    return _rft("arith", init, out)
+
+
+def more_sft_suite_arith(init: str = "runs/suite/arith/sft/final", out: str = "runs/suite/arith/more_sft") -> SFTConfig:
+    return _more_sft("arith", init, out)
 
 
 def rft_suite_carry_add(init: str = "runs/suite/carry_add/sft/final", out: str = "runs/suite/carry_add/rft") -> RFTConfig:

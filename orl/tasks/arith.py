@@ -11,8 +11,12 @@ commits few tokens per forward -- the room ORL needs to show a gain. (All orders
 Deterministic generator: problem i of a split is a function of (seed, split, i) only. The
 held-out split holds exactly the operand tuples whose stable hash falls in bucket 0 of 10; the
 train split never yields one of them, so train and held-out never share a problem.
-The single verifier reads the first ``#<int>`` and compares it with the true sum; the worked
+The default verifier reads the first ``#<int>`` and compares it with the true sum; the worked
 steps are not graded (a right answer with a wrong intermediate line still counts, as for GSM8K).
+``strict=True`` (the embedded suite's ``arith`` family, orl/recipes/suite.py) grades the work:
+every line ``a+b=c`` a right sum, each line continuing from the previous sum, the prompt's terms
+each used once (in any order: every order the SFT data teaches is right), and the final answer the
+last sum; ``verify_final`` is then the lenient score, reported beside it.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 from .base import Problem
 
 _FINAL = re.compile(r"#\s*(-?\d+)")
+_LINE = re.compile(r"(\d+)\+(\d+)=(\d+)")
+_WS = re.compile(r"\s+")
 
 
 @dataclass
@@ -36,6 +42,7 @@ class ArithTask:
     n_test: int = 500
     shuffle: float = 0.25         # fraction of worked solutions that add the terms in a random order
                                   # instead of the prompt's (True = 1.0; see `solution`)
+    strict: bool = False          # verify the worked steps too (`diagnose`), not only the final answer
     name: str = "arith"
 
     def __post_init__(self) -> None:
@@ -102,8 +109,34 @@ class ArithTask:
         return ";".join(lines) + f";#{acc}"
 
     def verify(self, problem: Problem, completion: str) -> float:
+        if self.strict:
+            return 1.0 if self.diagnose(problem, completion) == "ok" else 0.0
+        return self.verify_final(problem, completion)
+
+    def verify_final(self, problem: Problem, completion: str) -> float:
+        """The final-answer score: the first ``#<int>`` equals the sum (the work is not read)."""
         m = _FINAL.findall(completion)
         return 1.0 if m and int(m[0]) == int(problem.answer) else 0.0
+
+    def diagnose(self, problem: Problem, completion: str) -> str:
+        """The strict verifier's verdict: "ok", or the first fault of "malformed" (not lines ``a+b=c``
+        then ``#<int>``), "sum" (a line's sum is wrong), "chain" (a line does not start from the
+        previous sum), "operands" (the terms added are not the prompt's, each once), "final" (the
+        answer is not the last sum)."""
+        parts = _WS.sub("", completion).split(";")
+        lines = [_LINE.fullmatch(x) for x in parts[:-1]]
+        if len(parts) < 2 or not all(lines) or not re.fullmatch(r"#-?\d+", parts[-1]):
+            return "malformed"
+        nums = [tuple(map(int, m.groups())) for m in lines]
+        if any(a + b != c for a, b, c in nums):
+            return "sum"
+        if any(nums[i][0] != nums[i - 1][2] for i in range(1, len(nums))):
+            return "chain"
+        if sorted([nums[0][0], *(b for _, b, _ in nums)]) != sorted(problem.meta["operands"]):
+            return "operands"
+        if int(parts[-1][1:]) != nums[-1][2]:
+            return "final"
+        return "ok"
 
 
 def make_task(**kw) -> ArithTask:
