@@ -63,10 +63,11 @@ def _stage(label: str, final: str, train) -> str:
 
 
 def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, sets_orl, steps: int | None = None,
-              ablations=(), baselines: bool = True) -> dict[str, str]:
+              ablations=(), baselines: bool = True, orl: bool = True) -> dict[str, str]:
     """Every model of the comparison, trained or found; name -> final model directory. ``steps``: the
     optimizer steps of ORL, RFT and more SFT alike (None: the recipes'; a smoke test's few); ``ablations``:
-    names of ABLATIONS, each trained at every ORL seed; ``baselines``: also RFT and more SFT."""
+    names of ABLATIONS, each trained at every ORL seed; ``baselines``: also RFT and more SFT; ``orl``:
+    also the full recipe (False: another process trains it; those models are then left out)."""
     from orl.model.convert import make_orl_start
     from orl.recipes import apply_overrides, get_recipe
     from orl.train.loop import train_orl
@@ -86,7 +87,7 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
         dirs[name] = final
     base = dirs["base"]
     starts = {8.0: os.path.join(out, "start"), 1.0: os.path.join(out, "start_gamma1")}
-    for group in ("orl", *ablations):
+    for group in ("orl", *ablations) if orl else ablations:
         gamma = 1.0 if group == "gamma1" else 8.0
         if not _done(starts[gamma]):
             make_orl_start(base, starts[gamma], gamma)
@@ -260,6 +261,8 @@ def main() -> None:
     ap.add_argument("--ablations", default="", help=f"comma-separated, of {', '.join(ABLATIONS)}: each trained at every "
                     "ORL seed")
     ap.add_argument("--no-baselines", action="store_true", help="skip RFT and more SFT (e.g. an ablation-only call)")
+    ap.add_argument("--no-orl", action="store_true", help="skip the full ORL recipe (another process trains it: "
+                    "with --train-only, to train ablations in parallel)")
     ap.add_argument("--train-only", action="store_true", help="train the models, sweep nothing")
     ap.add_argument("--report", action="store_true", help="rebuild --out/table.markdown from the families' results")
     a = ap.parse_args()
@@ -283,7 +286,8 @@ def main() -> None:
     abl = [x for x in a.ablations.split(",") if x]
     if unknown := [x for x in abl if x not in ABLATIONS]:
         raise SystemExit(f"unknown ablation(s) {unknown}; choose from {', '.join(ABLATIONS)}")
-    dirs = train_all(a.family, out, a.base, seeds, sft_seeds, a.sets_orl, a.steps, abl, not a.no_baselines)
+    dirs = train_all(a.family, out, a.base, seeds, sft_seeds, a.sets_orl, a.steps, abl, not a.no_baselines,
+                     not a.no_orl)
     if a.train_only:
         return
     values = sorted({float(v) for v in a.thresholds.split(",")} | {0.9})
