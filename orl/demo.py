@@ -1,7 +1,10 @@
 """`orl demo`: the whole loop on the embedded task, on a laptop CPU.
 
-1. SFT a small block-diffusion model on multi-term addition with worked steps (or reuse the one
-   already in ``--out``), 2. measure held-out accuracy and TPF with the family's decoder,
+The task is the embedded suite's ``arith`` family (orl/recipes/suite.py): multi-term addition with
+worked steps, graded strictly -- every written sum, the chain of partial sums and the final answer
+must be right (`orl.tasks.arith.ArithTask(strict=True)`; the final-answer-only score is reported
+beside it). 1. SFT a small block-diffusion model on it (or reuse the one already in ``--out``),
+2. measure held-out accuracy and TPF with the family's decoder,
 3. make the ORL start model (pathway rescaled, gamma 8), 4. run ORL, 5. measure again, 6. sweep both
 models over the decoder's knob (``--sweep``, threshold for this recipe) and compare their
 accuracy-vs-TPF frontiers (`orl.eval.frontier`): the headline is the frontier gain (TPF ratio at the
@@ -33,9 +36,14 @@ def _eval(model_dir: str, task, n: int, dcfg) -> dict:
     from .eval.frontier import filler_share  # noqa: PLC0415
     from .eval.heldout import evaluate  # noqa: PLC0415
     model, tok = _load(model_dir)
-    r = evaluate(model, tok, task, task.problems("test")[:n], dcfg)
-    fs = filler_share([tok.decode([i]) for i in x["token_ids"]] for x in r.pop("records"))
+    problems = task.problems("test")[:n]
+    r = evaluate(model, tok, task, problems, dcfg)
+    records = r.pop("records")
+    fs = filler_share([tok.decode([i]) for i in x["token_ids"]] for x in records)
     r.update(mean_length=fs["mean_length"], filler_share=fs["share"])
+    lenient = getattr(task, "verify_final", task.verify)  # a strict task's final-answer-only score
+    by_id = {p.id: p for p in problems}
+    r["final_accuracy"] = sum(lenient(by_id[x["id"]], x["completion"]) for x in records) / max(len(records), 1)
     return r
 
 
@@ -75,7 +83,7 @@ def _plot(metrics_path: str, out_png: str, base: dict) -> None:
     fig.savefig(out_png, dpi=120)
 
 
-def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "arith_sft", orl_recipe: str = "orl_arith",
+def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "suite_sft_arith", orl_recipe: str = "orl_suite_arith",
              sets_sft=(), sets_orl=(), gamma: float = 8.0, quiet: bool = False, sweep=None,
              n_sweep: int | None = None, n_boot: int = 1000) -> dict:
     """The demo; ``sweep``: knob values of the frontier (None: the rule's default grid,
@@ -115,7 +123,7 @@ def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "arith_sft", orl_rec
         print(f"[6/6] frontier: both models at {KNOBS[dcfg.rule]} {', '.join(f'{v:g}' for v in values)} "
               f"({n_sw} problems each)", flush=True)
         block = _frontier(out, {"base": base_dir, "orl": final}, task, n_sw, dcfg, values, n_boot)
-    keys = ("accuracy", "tpf", "tpf_no_commit", "steps_per_block", "mean_length", "filler_share")
+    keys = ("accuracy", "final_accuracy", "tpf", "tpf_no_commit", "steps_per_block", "mean_length", "filler_share")
     summary = {"base": {k: base[k] for k in keys}, "orl": {k: after[k] for k in keys}, "n_eval": n_eval,
                "tpf_ratio": after["tpf"] / max(base["tpf"], 1e-9),
                "accuracy_delta_points": 100 * (after["accuracy"] - base["accuracy"]),
@@ -129,10 +137,11 @@ def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "arith_sft", orl_rec
     if os.path.exists(metrics):
         _plot(metrics, os.path.join(out, "orl_curve.png"), base)
     print(f"\nOne setting ({_setting(dcfg)}, n = {n_eval}; secondary: read both models on their frontiers):\n")
-    print("| model | held-out accuracy | TPF (with commit) | TPF (no commit) | steps/block | mean length | filler |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | held-out accuracy | final answer only | TPF (with commit) | TPF (no commit) | steps/block | "
+          "mean length | filler |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in (("base (SFT)", base), ("ORL", after)):
-        print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tpf']:.2f} | {r['tpf_no_commit']:.2f} | "
+        print(f"| {name} | {100 * r['accuracy']:.1f}% | {100 * r['final_accuracy']:.1f}% | {r['tpf']:.2f} | {r['tpf_no_commit']:.2f} | "
               f"{r['steps_per_block']:.2f} | {r['mean_length']:.1f} | {100 * r['filler_share']:.1f}% |")
     print(f"\none setting: TPF x{summary['tpf_ratio']:.2f}, accuracy {summary['accuracy_delta_points']:+.1f} points")
     if block is not None:
@@ -155,8 +164,9 @@ def cli(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo")
     ap.add_argument("--n-eval", type=int, default=500)
-    ap.add_argument("--sft-recipe", default="arith_sft")
-    ap.add_argument("--orl-recipe", default="orl_arith")
+    ap.add_argument("--sft-recipe", default="suite_sft_arith", help="arith_sft / orl_arith: the same task graded "
+                    "on the final answer only (the demo before the suite)")
+    ap.add_argument("--orl-recipe", default="orl_suite_arith")
     ap.add_argument("--set-sft", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--set-orl", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--gamma", type=float, default=8.0)
