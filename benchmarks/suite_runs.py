@@ -21,7 +21,6 @@ Writes ``--out/<family>/results.json`` (sweeps without per-problem records; thos
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -36,7 +35,7 @@ from suite_calibrate import verdict  # noqa: E402
 
 GRID = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 # the release's Table 3a rows (and two of our own), as overrides of orl_suite_<family>; each trained at
-# every ORL seed from the same start model. "no_pathway" also decodes its sweep without the residual.
+# every ORL seed from the same start model; each sweep decodes with its variant's eval_decode.
 ABLATIONS = {"no_aec": ["loss.lambda_aec=0"], "no_anchor": ["loss.anchor=none"],
              "no_pathway": ["decode.residual=false", "eval_decode.residual=false"],
              "gamma1": [], "offpolicy": ["stale_every=10"]}
@@ -124,7 +123,7 @@ def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> di
 
     from orl.eval.frontier import sweep
     from orl.model import load_pretrained
-    from orl.recipes import get_recipe
+    from orl.recipes import apply_overrides, get_recipe
     from orl.recipes.suite import FAMILIES
     from orl.tasks.registry import get_task
 
@@ -141,7 +140,9 @@ def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> di
             continue
         _log(f"{family}: sweep {name} ({len(values)} thresholds x {len(problems)} problems)")
         model, tok = load_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
-        cfg = dataclasses.replace(dcfg, residual=False) if name.startswith("no_pathway_") else dcfg
+        group = name.rsplit("_s", 1)[0]   # an ablation decodes with its own eval_decode (no_pathway: no residual)
+        cfg = apply_overrides(get_recipe(f"orl_suite_{family}"), ABLATIONS[group]).eval_decode \
+            if group in ABLATIONS else dcfg
         r = sweep(model, tok, task, problems, cfg, values)
         for row in r:
             row["final"] = sum(task.verify_final(by_id[x["id"]], x["completion"]) for x in row["records"]) / len(problems)

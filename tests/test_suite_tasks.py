@@ -21,10 +21,10 @@ def _replace_line(sol: str, i: int, new: str) -> str:
 def test_registry_deterministic_and_disjoint(name):
     task = check_task(get_task(name, **FAMILIES[name][0]))
     assert task.name == name
-    again = make_task(name, **FAMILIES[name][0])
+    again = get_task(name, **FAMILIES[name][0])
     train = [task.sample("train", i) for i in range(3000)]
     assert [p.prompt for p in train[:50]] == [again.sample("train", i).prompt for i in range(50)]
-    other = make_task(name, **FAMILIES[name][0], seed=1)
+    other = get_task(name, **FAMILIES[name][0], seed=1)
     assert [p.prompt for p in train[:50]] != [other.sample("train", i).prompt for i in range(50)]
     test = check_problems(task.problems("test"), f"{name}.problems('test')")
     assert len(test) == 500 and len({p.prompt for p in test}) == 500
@@ -36,7 +36,7 @@ def test_registry_deterministic_and_disjoint(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gold_passes_both_scores(name):
-    task = make_task(name, **FAMILIES[name][0])
+    task = get_task(name, **FAMILIES[name][0])
     for p in [task.sample("train", i) for i in range(300)] + task.problems("test")[:100]:
         sol = task.solution(p)
         assert task.diagnose(p, sol) == "ok", (p.prompt, sol)

@@ -26,10 +26,10 @@ import re
 from dataclasses import dataclass
 
 from .base import Problem
+from .suite import split_work
 
 _FINAL = re.compile(r"#\s*(-?\d+)")
 _LINE = re.compile(r"(\d+)\+(\d+)=(\d+)")
-_WS = re.compile(r"\s+")
 
 
 @dataclass
@@ -123,9 +123,9 @@ class ArithTask:
         then ``#<int>``), "sum" (a line's sum is wrong), "chain" (a line does not start from the
         previous sum), "operands" (the terms added are not the prompt's, each once), "final" (the
         answer is not the last sum)."""
-        parts = _WS.sub("", completion).split(";")
-        lines = [_LINE.fullmatch(x) for x in parts[:-1]]
-        if len(parts) < 2 or not all(lines) or not re.fullmatch(r"#-?\d+", parts[-1]):
+        work = split_work(completion)
+        lines = [_LINE.fullmatch(x) for x in work[0]] if work else []
+        if not work or not all(lines):
             return "malformed"
         nums = [tuple(map(int, m.groups())) for m in lines]
         if any(a + b != c for a, b, c in nums):
@@ -134,7 +134,7 @@ class ArithTask:
             return "chain"
         if sorted([nums[0][0], *(b for _, b, _ in nums)]) != sorted(problem.meta["operands"]):
             return "operands"
-        if int(parts[-1][1:]) != nums[-1][2]:
+        if int(work[1]) != nums[-1][2]:
             return "final"
         return "ok"
 

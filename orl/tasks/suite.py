@@ -358,11 +358,9 @@ class StringTask(_Generated):
 
 
 def make_task(family: str, **kw) -> _Generated:
-    """A suite task by family name: arith (the embedded task; give it ``strict=True`` to grade the
-    work), carry_add, carry_mul, chain or string."""
-    from .arith import ArithTask  # noqa: PLC0415
-
-    makers = {"arith": lambda: ArithTask(**kw), "carry_add": lambda: CarryTask(op="+", **kw), "carry_mul": lambda: CarryTask(op="*", **kw),
+    """A suite task by family name: carry_add, carry_mul, chain or string (the suite's arith family is
+    `orl.tasks.arith.ArithTask(strict=True)`; `orl.tasks.registry.get_task` builds every family)."""
+    makers = {"carry_add": lambda: CarryTask(op="+", **kw), "carry_mul": lambda: CarryTask(op="*", **kw),
               "chain": lambda: ChainTask(**kw), "string": lambda: StringTask(**kw)}
     if family not in makers:
         raise ValueError(f"unknown suite family {family!r}; choose one of {sorted(makers)}")
