@@ -113,14 +113,17 @@ def one_batch(model, prompt, dcfg, B: int, new_tokens: int, profile: bool = Fals
     per_round = (walls[None] - t_pre) / got_rounds
     S = P + new_tokens // 2 + K  # attended slots, averaged over the rollout
     kv_read = rt.kv.bytes_per_slot() * B * S
-    wbytes = rt.w.weight_bytes()
-    floor, how = E.floor_of(rt.w, B * K, S, wbytes + kv_read)
+    ids, touched = None, ""
+    if any(lw.moe is not None for lw in rt.w.layers):  # MoE: count only the experts a round touches
+        ids, touched = moe_route_ids(rt)
+    wbytes = rt.w.weight_bytes(ids)
+    floor, how = E.floor_of(rt.w, B * K, S, wbytes + kv_read, ids)
     cap_over = walls[TOPK] / walls[None] - 1
     tps = B * new_tokens / walls[None]
     n_states = len(out.trace)
     row = [B, B * K, got_rounds, f"{per_round * 1e3:.2f}", f"{floor * 1e3:.2f}", f"{per_round / floor:.2f}",
            f"{tps:.0f}", f"{walls[None]:.2f}", f"{100 * cap_over:+.1f} %", f"{setup:.0f}"]
-    E.say("  " + " | ".join(str(x) for x in row) + f"   (floor: {how}; {n_states} captured steps; "
+    E.say("  " + " | ".join(str(x) for x in row) + f"   (floor: {how}{touched}; {n_states} captured steps; "
           f"capture {rt._cap.bytes_per_round() / 1e6:.1f} MB a round)")
     if profile:  # where a round's time goes, with and without capture (the request state of the last decode)
         for cap in (TOPK, None):
@@ -129,6 +132,20 @@ def one_batch(model, prompt, dcfg, B: int, new_tokens: int, profile: bool = Fals
             E.say(f"\n### B = {B}: one round's GPU time by kernel kind ({'with' if cap else 'without'} capture)\n")
             E.table(["kind", "kernels", "ms"], E.profile_round(rt, P, K, graph=True))
     return {"row": row, "tps": tps}
+
+
+def moe_route_ids(rt) -> tuple[list | None, str]:
+    """Router ids of one eager forward over the runtime's last canvas (B rows of the last block of a
+    decode: the rows' own sampled tokens), and a note of how many experts they touch. The runtime
+    is left truncated to the prompt, so call it after the timed decodes and the profile. On failure
+    (None, note): the floor then counts every expert, as the note says."""
+    import engine_llada  # noqa: PLC0415
+    try:
+        ids, _ = engine_llada.touched(rt, P)
+    except Exception as exc:  # noqa: BLE001 - report and fall back to all experts
+        return None, f"; router ids failed ({type(exc).__name__}), floor counts ALL experts"
+    per = [int(torch.unique(i).numel()) for i in ids]
+    return ids, f"; a round touches {sum(per) / len(per):.1f} of {rt.w.cfg.num_experts} experts per MoE layer"
 
 
 def main() -> None:
