@@ -4,16 +4,16 @@
 #   bash benchmarks/gpu_checks.sh OUT STAGE
 # STAGE:
 #   engine  the CUDA equivalence tests (runtime == reference decoder, batched and sampled, the fused
-#           mask sampler, the kernels, the staircase kernels: more than 260 s);
-#   rollout the rollout benchmark with the fused logits pass for the Qwen3-4B shape (B = 1, 8, 16, 64; the eager reference at
-#           B = 16; a profile at 16) and the LLaDA-2.1-mini shape (B = 1, 8, 16, 64; a profile at 64);
-#   step    the 4B ORL step (rollouts with the fused logits pass): full, Triton staircase and all-off
-#           in the same run (all-off stopped at
-#           330 s: its step time, and the ratio, are then lower bounds);
-#   moe     the LLaDA-2.1-mini-width ORL step (MoE path) and, on the CPU cores at the same time, the
-#           whole CPU test suite (CUDA hidden) on this machine's CPU and torch.
+#           mask sampler, the kernels, the staircase kernels: ~290 s);
+#   rollout the rollout benchmark with the fused logits pass: the Qwen3-4B shape (B = 1, 8, 16, 64; the
+#           eager reference at B = 16; profiles at 1, 8, 64) and the LLaDA-2.1-mini shape (B = 1, 8, 16,
+#           64; profiles at 1, 8, 16);
+#   step    the 4B ORL step (rollouts with the fused logits pass): full, the torch logits pass and
+#           all-off in the same run (all-off stopped at 300 s: its time and the ratio are then bounds);
+#   moe     the LLaDA-2.1-mini-width ORL step (MoE path): full and no-packing (200 s a row at most);
+#   cpu     the whole CPU test suite (CUDA hidden) on this machine's CPU and torch.
 set -u -o pipefail
-OUT=${1:?out dir}; STAGE=${2:?stage: engine, rollout, step or moe}
+OUT=${1:?out dir}; STAGE=${2:?stage: engine, rollout, step, moe or cpu}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -33,16 +33,17 @@ engine)
     > "$OUT/gpu_tests.log" 2>&1; tail -n 14 "$OUT/gpu_tests.log" ;;
 rollout)
   timeout 300 python3 benchmarks/rollout.py --out "$OUT/rollout" --families sdar --batches 1,8,16,64 \
-    --ref-batch 16 --sampler triton --profile 16 > "$OUT/rollout.log" 2>&1; tail -n 12 "$OUT/rollout.log"
+    --ref-batch 16 --sampler triton --profile 1,8,64 > "$OUT/rollout.log" 2>&1; tail -n 12 "$OUT/rollout.log"
   timeout 260 python3 benchmarks/rollout.py --out "$OUT/rollout_llada" --families llada --batches 1,8,16,64 \
-    --ref-batch 0 --sampler triton --profile 64 > "$OUT/rollout_llada.log" 2>&1; tail -n 8 "$OUT/rollout_llada.log" ;;
+    --ref-batch 0 --sampler triton --profile 1,8,16 > "$OUT/rollout_llada.log" 2>&1; tail -n 8 "$OUT/rollout_llada.log" ;;
 step)
-  timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,triton,all-off --row-limit 330 --sampler triton \
+  timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,torch-sampler,all-off --row-limit 300 --sampler triton \
     > "$OUT/train_step.log" 2>&1; tail -n 12 "$OUT/train_step.log" ;;
 moe)
-  ( CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 540 python3 -m pytest -q -p no:cacheprovider -x tests > "$OUT/cpu_tests.log" 2>&1 ) &
-  timeout 540 python3 benchmarks/train_step.py --out "$OUT/moe" --family llada --layers 6 \
-    --rows full,dense,no-packing --row-limit 120 > "$OUT/train_step_moe.log" 2>&1; tail -n 12 "$OUT/train_step_moe.log"
-  wait; tail -n 5 "$OUT/cpu_tests.log" ;;
-*) echo "unknown stage $STAGE (engine, rollout, step or moe)"; exit 2 ;;
+  timeout 560 python3 benchmarks/train_step.py --out "$OUT/moe" --family llada --layers 6 \
+    --rows full,no-packing --row-limit 200 > "$OUT/train_step_moe.log" 2>&1; tail -n 12 "$OUT/train_step_moe.log" ;;
+cpu)
+  CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 560 python3 -m pytest -q -p no:cacheprovider tests \
+    > "$OUT/cpu_tests.log" 2>&1; tail -n 5 "$OUT/cpu_tests.log" ;;
+*) echo "unknown stage $STAGE (engine, rollout, step, moe or cpu)"; exit 2 ;;
 esac

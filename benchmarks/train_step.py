@@ -126,9 +126,10 @@ ROWS = {  # name -> the config fields that row changes from "full"
     "no-balance": dict(balance=False),
     "all-off": dict(rollout_engine="reference", pack_mode="per_state", replay_attention="dense", balance=False),
     "triton": dict(replay_attention="triton"),
+    "torch-sampler": dict(rollout_sampler="torch"),  # the rollouts' logits pass in torch ops (vs --sampler)
 }
 
-OWN_WARMUP = ("triton",)  # rows whose compiled code the common warm-up step does not reach (Triton JIT)
+OWN_WARMUP = ("triton", "torch-sampler")  # rows whose compiled code the common warm-up step does not reach (Triton JIT)
 
 
 def model_of(family: str, layers: int, device: str = "cuda", size: str | None = None):
