@@ -56,3 +56,12 @@ def test_build_program_keeps_prompt_helpers(humaneval):
     program = build_program(p.answer, f"```python\ndef make_palindrome(string: str) -> str:\n{p.meta['canonical_solution']}```")
     assert "def is_palindrome" in program and program.rstrip().endswith("check(make_palindrome)")
     assert "def is_palindrome" in full
+
+
+def test_mbpp_candidate_names_are_the_functions_under_test():
+    from orl.tasks.mbpp import candidate_names
+
+    tests = "assert math.isclose(area(2), 12.5)\nassert set(pairs(xs)) == {(1, 2)}\nassert [n for n in range(2)] == [0, 1]\n"
+    assert candidate_names(tests, "import math\nxs = [1, 2]\n") == ["area", "pairs"]
+    assert candidate_names("assert sum_it([1]) == 1\n", "") == ["sum_it"]  # builtins stay builtins
+    assert candidate_names("assert f(\n", "") == []  # the harness reports the syntax error

@@ -1,17 +1,16 @@
-"""Turning a code completion into a test program and running it: shared by HumanEval and MBPP.
+"""Taking the code out of a completion: shared by HumanEval and MBPP.
 
 `extract_code` takes the code out of a completion (a fenced block if there is one, else the
-text itself, without MBPP's ``[BEGIN]``/``[DONE]`` markers). `passes` runs a program through
-`orl.eval.sandbox` and returns 1.0 only for a sandbox "pass". Tasks build the program; this file
-does not know their schemas.
+text itself, without MBPP's ``[BEGIN]``/``[DONE]`` markers); `defines` says whether code defines
+a function. The tasks hand the code to `orl.eval.sandbox.run_tests`; this file does not know their
+schemas.
 
-Does not own: isolation (all of it is in `orl.eval.sandbox`), process pools (`orl.eval.pool`).
+Does not own: running code or judging it (`orl.eval.sandbox`), process pools (`orl.eval.pool`).
 """
 from __future__ import annotations
 
 import re
 
-from orl.eval.sandbox import SandboxConfig, run_program
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
@@ -33,8 +32,3 @@ def extract_code(completion: str, entry_point: str | None = None) -> str:
 def defines(code: str, name: str) -> bool:
     """Whether ``code`` defines a top-level function ``name``."""
     return re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
-
-
-def passes(program: str, config: SandboxConfig) -> float:
-    """1.0 if the program ran to its end in the sandbox, else 0.0."""
-    return 1.0 if run_program(program, config).passed else 0.0

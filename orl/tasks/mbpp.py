@@ -17,18 +17,25 @@ Splits follow MBPP's README by task_id: "prompt" 1-10, "test" 11-510 (500 full /
 "validation" 511-600, "train" 601-974, and "all".
 
 Prompt: the MBPP paper's wording (task text plus the tests) asking for a ```python block.
-Verification: ``test_imports + code + test_setup_code + test_list`` in `orl.eval.sandbox`;
-challenge tests are not run.
+Verification (`orl.eval.sandbox.run_tests`): the candidate, ``test_imports + code +
+test_setup_code``, runs in the sandboxed child; ``test_imports + test_setup_code`` and then the
+``test_list`` asserts run in the harness, where every name the asserts use that neither the
+setup, the asserts nor Python's builtins define (the function under test, found with `ast`) is the
+proxy of the candidate's function of that name, called with plain data across the boundary. So a
+test that needs the candidate's objects themselves (an instance of its class) fails, with that
+reason. Challenge tests are not run.
 
 Does not own: sandboxing (`orl.eval.sandbox`), MBPP+ (EvalPlus's extended tests).
 """
 from __future__ import annotations
 
+import ast
+import builtins
 from pathlib import Path
 
-from orl.eval.sandbox import SandboxConfig
+from orl.eval.sandbox import SandboxConfig, SandboxResult, run_tests
 from orl.tasks.base import Problem
-from orl.tasks.codecheck import extract_code, passes
+from orl.tasks.codecheck import extract_code
 from orl.tasks.datafile import DataFile, check_file, local_data_root, read_records, require_keys
 
 FILES = {  # variant -> (file name, sha256)
@@ -40,11 +47,47 @@ SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train
           "all": (1, 10**9)}
 
 
-def build_program(answer: dict, completion: str) -> str:
-    """The test program for one completion."""
-    parts = [*answer["test_imports"], extract_code(completion), answer["test_setup_code"],
-             *answer["test_list"]]
+def _join(parts: list[str]) -> str:
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def build_program(answer: dict, completion: str) -> str:
+    """The whole test program for one completion, as MBPP runs it (for reading)."""
+    return _join([*answer["test_imports"], extract_code(completion), answer["test_setup_code"],
+                  *answer["test_list"]])
+
+
+def _bound(tree: ast.AST) -> set[str]:
+    """Names that ``tree`` binds anywhere (assignments, defs, imports, arguments)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            out.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return out
+
+
+def candidate_names(tests: str, setup: str) -> list[str]:
+    """The names ``tests`` uses that ``setup``, the tests themselves and builtins do not define."""
+    try:
+        test_tree, setup_tree = ast.parse(tests), ast.parse(setup)
+    except SyntaxError:
+        return []  # the harness reports the dataset's syntax error
+    used = {n.id for n in ast.walk(test_tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted(used - _bound(test_tree) - _bound(setup_tree) - set(dir(builtins)))
+
+
+def run(answer: dict, completion: str, config: SandboxConfig = SandboxConfig()) -> SandboxResult:
+    """The sandbox's verdict on one completion (see the module docstring)."""
+    setup = _join([*answer["test_imports"], answer["test_setup_code"]])
+    tests = _join(answer["test_list"])
+    candidate = _join([*answer["test_imports"], extract_code(completion), answer["test_setup_code"]])
+    return run_tests(candidate, tests, candidate_names(tests, setup), setup=setup, config=config)
 
 
 class MBPP:
@@ -93,4 +136,4 @@ class MBPP:
         return out
 
     def verify(self, problem: Problem, completion: str) -> float:
-        return passes(build_program(problem.answer, completion), self.sandbox)
+        return 1.0 if run(problem.answer, completion, self.sandbox).passed else 0.0
