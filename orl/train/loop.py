@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 import random
 import time
@@ -27,7 +26,7 @@ from ..decode.rng import CounterRNG
 from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
 from . import distributed as D
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import open_run
 from .losses import LossConfig, orl_loss
 from .pack import pack, select_states
 from .rollout import rollout_group
@@ -67,6 +66,8 @@ class ORLConfig:
     rollout_sampler: str = "auto"     # the runtime's per-round pass over the logits: "torch" ("auto" for the mask
                                       # rules: the reference decoder's numerics) or "triton" (one fused read:
                                       # capture <= 10 % of rollout time on the H200, benchmarks/RESULTS.md)
+    reward_errors: str = "raise"      # a verifier that raises, hangs or returns a value outside [0, 1]: "raise"
+                                      # stops naming the task, problem and value; "zero": reward 0, counted
     rollout_rng: str = "torch"        # the reference decoder's stream: "torch" (a torch.Generator per prompt)
                                       # or "counter" (the runtime's: both decoders then take the same rollouts)
     max_prompt_tokens: int = 1024     # the runtime's KV cache holds this + max_new_tokens + two blocks per row
@@ -123,8 +124,9 @@ def _oom(phase: str, step: int, cfg: ORLConfig, shape) -> RuntimeError:
         f"anchor_dtype='bfloat16' / loss.anchor='rollout' (no frozen copy), rollout_dtype='bfloat16'.")
 
 
-def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, mine, runtime) -> list:
-    """This rank's groups of the step: G rollouts of each of its prompts, captured and verified."""
+def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, mine, runtime, verifier) -> list:
+    """This rank's groups of the step: G rollouts of each of its prompts, captured and verified (in
+    ``verifier``, the run's `orl.eval.pool.VerifierPool`: the path evaluation scores through)."""
     rolls = []
     for i in mine:
         prob = task.sample("train", i) if train_problems else pool[i % len(pool)]
@@ -132,7 +134,7 @@ def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, min
         seed = (cfg.seed * 7_919 + i) * cfg.group_size  # the group's counter streams: rows seed .. seed + G - 1
         rolls += rollout_group(policy, tok, task, prob, cfg.group_size, cfg.decode, generator=g,
                                topk=cfg.topk_stats if cfg.loss.anchor == "rollout" else 0, chat=cfg.chat,
-                               runtime=runtime, seed=seed,
+                               runtime=runtime, seed=seed, verifier=verifier, reward_errors=cfg.reward_errors,
                                rng=CounterRNG(seed) if cfg.rollout_rng == "counter" else None)
     return rolls
 
@@ -160,9 +162,12 @@ class ORLTrainer:
     verify -> select + pack -> one update) and returns its metrics, with the time split
     (``t_rollout``, ``t_replay``, ``t_optim`` seconds). `train_orl` is the loop around it; a
     benchmark may pass its own ``model`` / ``tokenizer`` / ``task`` (no start directory) and change
-    ``self.cfg`` between steps (the runtime stays captured)."""
+    ``self.cfg`` between steps (the runtime stays captured). It holds ``cfg.out`` open (locked,
+    `orl.train.checkpoint.open_run`) until `close`; ``resume_from`` / ``allow_config_change``: as
+    `orl.train.sft.train_sft`."""
 
-    def __init__(self, cfg: ORLConfig, resume: bool = True, model=None, tokenizer=None, task=None):
+    def __init__(self, cfg: ORLConfig, resume: bool = True, model=None, tokenizer=None, task=None,
+                 resume_from: str | None = None, allow_config_change: bool = False):
         from ..tasks.base import check_task  # noqa: PLC0415
         from ..tasks.registry import get_task  # noqa: PLC0415
         from transformers import AutoTokenizer  # noqa: PLC0415
@@ -182,6 +187,19 @@ class ORLTrainer:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
             torch.cuda.set_device(device)
         self.device = device
+        self.run = open_run(cfg.out, "orl", cfg, cfg.steps, resume=resume, resume_from=resume_from,
+                            allow_config_change=allow_config_change)
+        from ..eval.pool import VerifierPool  # noqa: PLC0415
+        # forked before the model loads: the workers share none of its pages (orl.eval.pool.VerifierPool.start)
+        self.verifier = VerifierPool(task, workers=min(cfg.group_size, os.cpu_count() or 1)).start()
+        try:
+            self._build(model)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, model) -> None:
+        cfg, world, device = self.cfg, self.world, self.device
         self.model = model = model if model is not None else load_pretrained(cfg.init, device=device)
         model.checkpoint_layers = cfg.checkpoint_layers
         self.frozen = None
@@ -197,12 +215,11 @@ class ORLTrainer:
             self.replica = D.make_replica(model, rdt) if self.behaviour is None else None
             D.shard(model, torch.bfloat16 if cfg.precision == "bf16" else None)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
-        self.step_i = 0
-        ck = latest_checkpoint(cfg.out) if resume else None
-        if ck:
-            self.step_i = load_checkpoint(ck, model, self.opt)["step"]
-            if self.behaviour is not None:  # the stale policy is the weights at the last refresh step
-                self.behaviour.load_state_dict(self._state())
+        st = self.run.load(model, self.opt)
+        self.step_i = st["step"]
+        if self.behaviour is not None and self.step_i:  # the stale policy: the weights at the last refresh step,
+            # stored with the checkpoint unless that step is this one
+            self.behaviour.load_state_dict(st["behaviour"] if "behaviour" in st else self._state())
         self.runtime = _rollout_runtime(cfg, self.policy(refresh=True), device)
 
     def _state(self) -> dict:
@@ -243,7 +260,8 @@ class ORLTrainer:
         ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
         mine = [i for j, i in enumerate(ids) if j % self.world == self.rank]
         try:
-            rolls = _rollouts(cfg, policy, self.tok, self.task, self.pool, self.train_problems, mine, runtime)
+            rolls = _rollouts(cfg, policy, self.tok, self.task, self.pool, self.train_problems, mine, runtime,
+                              self.verifier)
         except torch.OutOfMemoryError as e:
             raise _oom("the rollouts", step, cfg, None) from e
         t1 = self._sync()
@@ -285,6 +303,8 @@ class ORLTrainer:
                  tpf_no_commit=t["tpf_no_commit"], steps_per_block=t["steps_per_block"], verified=len(verified),
                  rollout_tokens_per_s=n_tok / max(t_roll, 1e-9), train_tokens_per_s=n_train_tok / max(t_train, 1e-9))
         m["accuracy"] = m["reward"]
+        m["reward_errors"] = sum(1 for r in rolls if r.reward_error)  # counted with reward_errors="zero"; this rank's
+        m["reward_error_rate"] = m["reward_errors"] / max(len(rolls), 1)
         self.timing = {"t_rollout": t_roll, "t_replay": t2 - t1, "t_optim": t3 - t2, "rollout_tokens": n_tok,
                        "train_tokens": n_train_tok}
         return m
@@ -331,9 +351,18 @@ class ORLTrainer:
         return n_tok
 
     def save(self) -> None:
-        """A checkpoint of this step (every rank calls it)."""
+        """A checkpoint of this step (every rank calls it), with the stale policy's weights when they
+        are not this step's (the off-policy ablation between two refreshes)."""
         full = self.policy(refresh=True) if self.replica is not None else None
-        save_checkpoint(self.cfg.out, self.step_i, self.model, self.opt, {}, tokenizer=self.tok, full_model=full)
+        state = {}
+        if self.behaviour is not None and self.step_i % self.cfg.stale_every and self.rank == 0:  # rank 0 writes it
+            state["behaviour"] = {k: v.detach().cpu().clone() for k, v in self.behaviour.state_dict().items()}
+        self.run.save(self.step_i, self.model, self.opt, state, tokenizer=self.tok, full_model=full)
+
+    def close(self) -> None:
+        """Stop the verifier's processes and release the run directory (its lock)."""
+        self.verifier.close()
+        self.run.close()
 
     def eval_model(self):
         """The model with this step's weights, unsharded (every rank calls it; rank 0 evaluates)."""
@@ -354,6 +383,8 @@ def _state_logits(model, batch, mask, fw: dict, head: str) -> torch.Tensor:
 
 
 def _check(cfg: ORLConfig) -> None:
+    from ..eval.pool import check_reward_errors  # noqa: PLC0415
+    check_reward_errors(cfg.reward_errors)
     if cfg.replay_head not in ("all", "states"):
         raise ValueError(f"replay_head must be 'all' or 'states', got {cfg.replay_head!r}")
     if cfg.replay_attention not in ("dense", "flex", "triton"):
@@ -403,18 +434,26 @@ def _micro_batches(sels: list, budget: int, K: int) -> list[list]:
 
 
 def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
-              on_eval=None) -> str:
-    """Run (or resume) ORL; returns the final model directory (``out/final``)."""
+              on_eval=None, resume_from: str | None = None, allow_config_change: bool = False) -> str:
+    """Run (or resume) ORL; returns the final model directory (``out/final``). ``resume_from``,
+    ``allow_config_change``: as `orl.train.sft.train_sft`."""
+    tr = ORLTrainer(cfg, resume=resume, resume_from=resume_from, allow_config_change=allow_config_change)
+    try:
+        return _orl_loop(tr, cfg, stop_after, quiet, on_eval)
+    finally:
+        tr.close()
+
+
+def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: bool, on_eval) -> str:
     from tqdm import tqdm  # noqa: PLC0415
     from ..eval.heldout import evaluate  # noqa: PLC0415
 
-    tr = ORLTrainer(cfg, resume=resume)
     rank = tr.rank
     writer = None
     if rank == 0:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-            writer = SummaryWriter(os.path.join(cfg.out, "tb"))
+            writer = SummaryWriter(os.path.join(cfg.out, "tb"), purge_step=tr.step_i + 1)  # hides steps re-run
         except Exception:
             pass
     bar = tqdm(total=cfg.steps, initial=tr.step_i, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
@@ -426,17 +465,17 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
             if rank == 0:
                 em.eval()
                 ev = evaluate(em, tr.tok, tr.task, tr.task.problems("test")[:cfg.eval_n], cfg.eval_decode or
-                              dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat)
+                              dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat,
+                              reward_errors=cfg.reward_errors, verifier=tr.verifier)
                 m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
-                                                                          "steps_per_block")})
+                                                                          "steps_per_block", "n_errors")})
                 if on_eval:
                     on_eval(step, ev)
-        if rank == 0:  # append-only metrics log (after a resume a step may appear twice: last one wins)
-            os.makedirs(cfg.out, exist_ok=True)
-            with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps({"step": step, **m}) + "\n")
+        if rank == 0:  # one record per step: the log was cut back to the resumed step
+            tr.run.log({"step": step, **m})
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}")
+            bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}",
+                            verify_err=m["reward_errors"])
             if writer and (step % cfg.log_every == 0):
                 for k, v in m.items():
                     writer.add_scalar(f"orl/{k}", v, step)

@@ -15,7 +15,6 @@ Does not own: decoding and capture (`orl.train.rollout`), the SFT loss (`orl.tra
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ import torch
 from ..decode import DecodeConfig
 from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import RunDir, open_run
 from .loop import lr_factor
 from .noise import make_batch
 from .rollout import rollout_group
@@ -56,6 +55,7 @@ class RFTConfig:
     device: str = "cpu"
     out: str = "runs/rft"
     save_every: int = 25
+    reward_errors: str = "raise"      # as ORLConfig.reward_errors
 
 
 def verified_pairs(rolls, eos: int, K: int) -> list[tuple[list[int], list[int]]]:
@@ -73,20 +73,37 @@ def verified_pairs(rolls, eos: int, K: int) -> list[tuple[list[int], list[int]]]
 
 
 def train_rft(cfg: RFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
-              task=None) -> str:
-    """Run (or resume) RFT; returns the final model directory (``out/final``)."""
-    from tqdm import tqdm  # noqa: PLC0415
+              task=None, resume_from: str | None = None, allow_config_change: bool = False) -> str:
+    """Run (or resume) RFT; returns the final model directory (``out/final``). ``resume_from``,
+    ``allow_config_change``: as `orl.train.sft.train_sft`."""
+    if not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json")):
+        raise FileNotFoundError(f"RFT start model {cfg.init!r} not found; train a base with `orl sft` first")
+    with open_run(cfg.out, "rft", cfg, cfg.steps, resume=resume, resume_from=resume_from,
+                  allow_config_change=allow_config_change) as run:
+        return _rft_loop(cfg, run, stop_after, quiet, task)
+
+
+def _rft_loop(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task) -> str:
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    from ..eval.heldout import evaluate  # noqa: PLC0415
+    from ..eval.pool import VerifierPool, check_reward_errors  # noqa: PLC0415
     from ..tasks.base import check_task  # noqa: PLC0415
     from ..tasks.registry import get_task  # noqa: PLC0415
 
-    if not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json")):
-        raise FileNotFoundError(f"RFT start model {cfg.init!r} not found; train a base with `orl sft` first")
+    check_reward_errors(cfg.reward_errors)
     task = check_task(task if task is not None else get_task(cfg.task, **cfg.task_kwargs))
     pool = None if hasattr(task, "sample") else task.problems("train")
     tok = AutoTokenizer.from_pretrained(cfg.init)
+    # forked before the model loads (orl.eval.pool.VerifierPool.start); ORL's verification path
+    with VerifierPool(task, workers=min(cfg.group_size, os.cpu_count() or 1)).start() as verifier:
+        return _rft_steps(cfg, run, stop_after, quiet, task, pool, tok, verifier)
+
+
+def _rft_steps(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task, pool, tok, verifier) -> str:
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from ..eval.heldout import evaluate  # noqa: PLC0415
+
     model = load_pretrained(cfg.init, device=cfg.device)
     mc = model.config
     # the pathway never sees an input here (no residual replay, no self-conditioning): frozen, not optimised
@@ -94,10 +111,7 @@ def train_rft(cfg: RFTConfig, resume: bool = True, stop_after: int | None = None
         p.requires_grad_(not name.startswith("residual_pathway."))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
-    step = 0
-    ck = latest_checkpoint(cfg.out) if resume else None
-    if ck:
-        step = load_checkpoint(ck, model, opt)["step"]
+    step = run.load(model, opt)["step"]
     K = cfg.decode.block_size
     bar = tqdm(total=cfg.steps, initial=step, desc="rft", disable=quiet, dynamic_ncols=True)
     while step < cfg.steps:
@@ -110,7 +124,8 @@ def train_rft(cfg: RFTConfig, resume: bool = True, stop_after: int | None = None
             prob = task.sample("train", i) if pool is None else pool[i % len(pool)]
             g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
             rolls += rollout_group(model, tok, task, prob, cfg.group_size, cfg.decode, generator=g, topk=0,
-                                   chat=cfg.chat, seed=(cfg.seed * 7_919 + i) * cfg.group_size)
+                                   chat=cfg.chat, seed=(cfg.seed * 7_919 + i) * cfg.group_size,
+                                   verifier=verifier, reward_errors=cfg.reward_errors)
         # ---- 2. verify, 3. one SFT step on the verified (prompt, response) pairs
         pairs = verified_pairs(rolls, tok.eos_token_id, K)
         m: dict = {}
@@ -134,19 +149,20 @@ def train_rft(cfg: RFTConfig, resume: bool = True, stop_after: int | None = None
                  tpf_no_commit=t["tpf_no_commit"], steps_per_block=t["steps_per_block"], verified=len(pairs),
                  updated=bool(pairs), lr=opt.param_groups[0]["lr"])
         m["accuracy"] = m["reward"]
+        m["reward_errors"] = sum(1 for r in rolls if r.reward_error)  # counted with reward_errors="zero"
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             model.eval()
             ev = evaluate(model, tok, task, task.problems("test")[:cfg.eval_n], cfg.eval_decode or
-                          dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat)
+                          dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat,
+                          reward_errors=cfg.reward_errors, verifier=verifier)
             m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
-                                                                      "steps_per_block")})
-        os.makedirs(cfg.out, exist_ok=True)
-        with open(os.path.join(cfg.out, "metrics.jsonl"), "a") as f:  # append-only; after a resume last wins
-            f.write(json.dumps({"step": step, **m}) + "\n")
+                                                                      "steps_per_block", "n_errors")})
+        run.log({"step": step, **m})  # one record per step: the log was cut back to the resumed step
         bar.update(1)
-        bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}")
+        bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}",
+                        verify_err=m["reward_errors"])
         if step % cfg.save_every == 0 or step == cfg.steps:
-            save_checkpoint(cfg.out, step, model, opt, {"config": dataclasses.asdict(cfg)}, tokenizer=tok)
+            run.save(step, model, opt, {}, tokenizer=tok)
         if stop_after is not None and step >= stop_after:
             break
     bar.close()

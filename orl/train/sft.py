@@ -21,7 +21,7 @@ import torch
 
 from ..model import build_model, get_config, load_pretrained, save_pretrained
 from ..model.convert import ensure_pathway
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import RunDir, open_run
 from .noise import make_batch, sft_loss
 
 
@@ -126,8 +126,17 @@ def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor, weighting: s
     return sft_loss(logits, batch, noise, weighting)
 
 
-def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False) -> str:
-    """Run (or resume) SFT; returns the directory of the final model (``out/final``)."""
+def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
+              resume_from: str | None = None, allow_config_change: bool = False) -> str:
+    """Run (or resume) SFT; returns the directory of the final model (``out/final``). ``resume``:
+    from the run directory's newest complete checkpoint; ``resume_from``: from that checkpoint
+    folder; ``allow_config_change``: resume although the config differs (`orl.train.checkpoint`)."""
+    with open_run(cfg.out, "sft", cfg, cfg.total_steps, resume=resume, resume_from=resume_from,
+                  allow_config_change=allow_config_change) as run:
+        return _sft_loop(cfg, run, stop_after, quiet)
+
+
+def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool) -> str:
     from tqdm import tqdm  # noqa: PLC0415
     from ..tasks.registry import get_task  # noqa: PLC0415
     from ..tokenizer import load_tokenizer  # noqa: PLC0415
@@ -141,14 +150,11 @@ def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None
     mc = model.config
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.stages[0].lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.95))
-    step = 0
-    ck = latest_checkpoint(cfg.out) if resume else None
-    if ck:
-        step = load_checkpoint(ck, model, opt)["step"]
+    step = run.load(model, opt)["step"]
     writer = None
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-        writer = SummaryWriter(os.path.join(cfg.out, "tb"))
+        writer = SummaryWriter(os.path.join(cfg.out, "tb"), purge_step=step + 1)  # hides steps re-run
     except Exception:  # tensorboard missing: scalars only go to the progress bar
         pass
     total = cfg.total_steps
@@ -183,7 +189,7 @@ def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None
                 for k, v in m.items():
                     writer.add_scalar(f"sft/{k}", v, step)
         if step % cfg.save_every == 0 or step == total:
-            save_checkpoint(cfg.out, step, model, opt, {"config": dataclasses.asdict(cfg)}, tokenizer=tok)
+            run.save(step, model, opt, {}, tokenizer=tok)
         if stop_after is not None and step >= stop_after:
             break
     bar.close()

@@ -1,4 +1,5 @@
-"""`orl sft --recipe NAME [--set key=value ...] [--out DIR] [--no-resume]`."""
+"""`orl sft --recipe NAME [--set key=value ...] [--out DIR] [--no-resume | --resume-from DIR]
+[--allow-config-change]`."""
 from __future__ import annotations
 
 import argparse
@@ -13,13 +14,21 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config field, e.g. --set stages.0.steps=100 --set batch_size=32")
     ap.add_argument("--out", help="run directory (default: the recipe's)")
-    ap.add_argument("--no-resume", action="store_true", help="ignore checkpoints in the run directory")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="start over at step 0 (the run directory's older checkpoints are pruned as this run saves)")
+    ap.add_argument("--resume-from", metavar="DIR", help="resume from this checkpoint folder (e.g. OUT/checkpoints/"
+                    "step_00000100) instead of the newest complete one")
+    ap.add_argument("--allow-config-change", action="store_true",
+                    help="resume although the config differs from the checkpoint's (the differences are listed)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    if a.no_resume and a.resume_from:
+        ap.error("--no-resume and --resume-from exclude each other")
     cfg = get_recipe(a.recipe)
     if a.out:
         cfg.out = a.out
     apply_overrides(cfg, a.set)
-    final = train_sft(cfg, resume=not a.no_resume, quiet=a.quiet)
+    final = train_sft(cfg, resume=not a.no_resume, quiet=a.quiet, resume_from=a.resume_from,
+                      allow_config_change=a.allow_config_change)
     print(f"final model: {final}")
     return 0

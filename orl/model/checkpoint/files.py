@@ -1,11 +1,13 @@
 """Checkpoint files in the Hugging Face layout: safetensors (single or sharded + index) and config.json.
 
 Owns: reading, validation (missing / unexpected / misshaped keys are all listed in one error
-and nothing is loaded), atomic writes (a directory is written beside the target and renamed).
+and nothing is loaded), atomic writes (a directory is written beside the target and renamed, exchanged
+in one rename with an existing one).
 Does not own: formats and key maps (`orl.model.checkpoint.formats` and its modules), tokenizers (saved by the caller next to the weights), optimizer state (`orl.train.checkpoint`).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -146,10 +148,34 @@ def save_pretrained(model: Transformer, path: str, max_shard_bytes: int | None =
 
 
 def _replace_dir(tmp: str, path: str) -> None:
-    if os.path.exists(path):
+    """Put directory ``tmp`` at ``path``. An existing ``path`` is exchanged with ``tmp`` in one
+    atomic rename (Linux renameat2 RENAME_EXCHANGE: ``path`` never stops existing, and a crash
+    leaves the old or the new copy there), then the old copy, now at ``tmp``, is removed. Where
+    the exchange is unavailable: two renames, with a moment where ``path`` is missing and its old
+    copy is at ``path.old-.tmp-*`` (a training run's start removes such leftovers)."""
+    if not os.path.exists(path):
+        os.replace(tmp, path)
+    elif _exchange(tmp, path):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
         old = path.rstrip("/") + ".old-" + os.path.basename(tmp)
         os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (renameat2 with RENAME_EXCHANGE); False where the C library or the
+    file system has no such rename."""
+    import ctypes  # noqa: PLC0415
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), b)
