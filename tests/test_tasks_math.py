@@ -32,9 +32,10 @@ def test_gsm8k_files_and_counts(gsm8k_test):
 def _gsm8k_forms(answer: str) -> list[str]:
     n = int(answer)
     forms = [f"#### {answer}", f"The answer is $\\boxed{{{answer}}}$", f"She makes {answer}.0 dollars.",
-             f"Step 1: 3 + 4 = 7.\nStep 2: so the total is {answer}.\n#### {answer}"]
+             f"Step 1: 3 + 4 = 7.\nStep 2: so the total is {answer}.\n#### {answer}",
+             f"The answer is \\${answer}."]  # an escaped dollar: a currency sign
     if abs(n) >= 1000:
-        forms += [f"The answer is {n:,}.", f"#### {n:,}", f"\\boxed{{{n:,}}}"]
+        forms += [f"The answer is {n:,}.", f"#### {n:,}", f"\\boxed{{{n:,}}}", f"She paid \\${n:,}."]
     return forms
 
 
@@ -52,6 +53,7 @@ def test_gsm8k_wrong_answers_score_zero(gsm8k_test):
     task = GSM8K()
     pairs = [(p, c) for p in gsm8k_test for c in (f"#### {int(p.answer) + 1}",
                                                   f"The answer is $\\boxed{{{int(p.answer) - 1}}}$",
+                                                  f"The answer is \\${int(p.answer) + 1}.",
                                                   "I do not know.")]
     assert sum(verify_all(task, pairs, workers=2)) == 0
 
@@ -87,6 +89,9 @@ def test_math500_wrong_answers_score_zero(math500_test):
     ("\\frac{3}{4}", "\\boxed{0.7}", 0.0),
     ("(3,\\frac{\\pi}{2})", "$\\left( 3, \\frac{\\pi}{2} \\right)$", 1.0),
     ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}", 1.0),
+    ("18", "The answer is \\$18.", 1.0),
+    ("18", "The answer is \\$19.", 0.0),
+    ("\\$18.90", "The answer is \\$18.90.", 1.0),
 ])
 def test_math_forms(gold, completion, expected):
     from orl.tasks.base import Problem

@@ -6,7 +6,8 @@ A task owns its data loading, its prompt format and its single verifier. Trainin
 concrete tasks live one per file next to it.
 
 What it does not own: tokenization, decoding, isolation of untrusted code (see
-`orl.eval.sandbox`), batching of verification across processes (see `orl.eval.score`).
+`orl.eval.sandbox`), running verifiers in processes and checking what they return (see
+`orl.eval.pool`, the one reward path of training and evaluation).
 """
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ class Task(Protocol):
 
     - ``name``: short identifier used in file names and tables.
     - ``problems(split)``: a deterministic list of problems for ``split`` (e.g. "train", "test").
-    - ``verify(problem, completion)``: 1.0 if the completion solves the problem else 0.0.
-      Must be a pure function of its arguments (no global state), safe to call from worker
-      processes; code tasks run untrusted code only through ``orl.eval.sandbox``.
+    - ``verify(problem, completion)``: 1.0 if the completion solves the problem else 0.0 (a
+      float in [0, 1]; a bool or the int 0 or 1 also do). Any other value (NaN, 2.0, None, ...),
+      an exception or a hang is a verifier error that `orl.eval.pool.rewards` reports with the
+      task and problem named. Must be a pure function of its arguments (no global state); it runs
+      in `orl.eval.pool` worker processes for training rewards and evaluation alike; code tasks
+      run untrusted code only through ``orl.eval.sandbox``.
     """
 
     name: str

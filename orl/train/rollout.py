@@ -4,9 +4,12 @@ Owns: decoding G rollouts per prompt with the CURRENT weights and the family's d
 for every denoising step the state it consumed -- canvas tokens, unresolved set, the exact
 residual input z (bit for bit, the pre-adapter soft embedding), where it applied, its weight --
 plus the rollout statistics the losses need (the rollout policy's log-probabilities at the
-state, top-k sparse); and scoring each response with the task's single verifier.
+state, top-k sparse); and scoring each response with the task's single verifier, through the
+reward path evaluation uses (`orl.eval.pool.rewards`: worker processes, a timeout, the value
+checked to lie in [0, 1]; a group's G responses in one call).
 Replaying a captured state through the unchanged model reproduces the rollout's logits (tested).
-Does not own: which states train (`orl.train.pack`), the losses (`orl.train.losses`).
+Does not own: which states train (`orl.train.pack`), the losses (`orl.train.losses`), the
+verifier processes (`orl.eval.pool`).
 Shapes: G rows per prompt, K block length, D hidden, V vocab, k top-k kept.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from ..decode import DecodeConfig, decode
 from ..decode.tpf import forwards as count_forwards
 from ..eval.heldout import completion_text, encode_prompt, eos_ids
+from ..eval.pool import check_reward_errors, rewards
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Rollout:
     steps_per_block: list[int]
     states: list[State] = field(default_factory=list)
     index: int = 0                  # row within its group
+    reward_error: str = ""          # why the verifier failed (reward_errors="zero" scored it 0); "" if it did not
 
     @property
     def forwards(self) -> int:
@@ -56,8 +61,13 @@ class Rollout:
 
 @torch.no_grad()
 def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *, generator=None,
-                  topk: int = 16, chat: bool = False, runtime=None, seed: int = 0, rng=None) -> list[Rollout]:
-    """G rollouts of one problem with capture; each verified with ``task.verify``.
+                  topk: int = 16, chat: bool = False, runtime=None, seed: int = 0, rng=None,
+                  verifier=None, reward_errors: str = "raise") -> list[Rollout]:
+    """G rollouts of one problem with capture; verified with ``task.verify`` in one
+    `orl.eval.pool.rewards` call: in ``verifier`` (an `orl.eval.pool.VerifierPool` of ``task``,
+    kept by the caller across groups) or in a pool started for this group. A verifier error
+    (raise, timeout, a value outside [0, 1]) raises `orl.eval.pool.RewardError` naming the task,
+    problem and value; with ``reward_errors="zero"`` it scores 0 and sets ``Rollout.reward_error``.
 
     One interface, two decoders: ``runtime`` None -- the reference decoder (`orl.decode.decode`
     with ``trace=True``, drawing from ``generator``; what CPU runs use, so their numbers do not
@@ -66,6 +76,7 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
     drawing from the counter stream of ``seed`` (row r: seed + r). ``rng`` (reference decoder
     only): an `orl.decode.rng` object instead of ``generator`` -- ``CounterRNG(seed)`` draws the
     runtime's numbers, so both decoders give the same rollouts."""
+    check_reward_errors(reward_errors)
     dev = next(model.parameters()).device
     prompt = encode_prompt(tokenizer, problem.prompt, chat)
     eos = eos_ids(tokenizer)
@@ -78,9 +89,10 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
         p = torch.tensor([prompt] * G, device=dev)
         out = decode(model, p, dcfg, eos_ids=eos, mask_id=tokenizer.mask_token_id, trace=True,
                      trace_logits=topk > 0, generator=generator, rng=rng)
+    texts = [completion_text(tokenizer, out.tokens[r]) for r in range(G)]
+    got = rewards(task, [(problem, t) for t in texts], reward_errors=reward_errors, pool=verifier)
     rolls = []
     for r in range(G):
-        text = completion_text(tokenizer, out.tokens[r])
         n_blocks = len(out.steps_per_block[r])
         states = []
         for rec in out.trace:
@@ -99,6 +111,6 @@ def rollout_group(model, tokenizer, task, problem, G: int, dcfg: DecodeConfig, *
                 None if rec.residual_weight is None else rec.residual_weight[r].clone(),
                 rec.entropy[r].clone(), ids, logp, rec.committed[r].clone()))
         resp = list(out.block_tokens[r])
-        rolls.append(Rollout(problem.id, prompt, resp, len(out.tokens[r]), text, float(task.verify(problem, text)),
-                             list(out.steps_per_block[r]), states, r))
+        rolls.append(Rollout(problem.id, prompt, resp, len(out.tokens[r]), texts[r], got.scores[r],
+                             list(out.steps_per_block[r]), states, r, got.errors[r]))
     return rolls
