@@ -7,7 +7,7 @@ import pytest
 
 from orl.eval.generate import generate_jsonl
 from orl.eval.jsonlog import read_log
-from orl.eval.pool import verify_all, verify_iter
+from orl.eval.pool import rewards, verify_all, verify_iter
 from orl.eval.prepare import load_prepared, prepare
 from orl.eval.score import score_jsonl
 from orl.eval.table import PAPER, main_table
@@ -150,8 +150,9 @@ CASES = [  # (task, task kwargs, problem index, completion)
 
 
 def test_reward_equals_eval_on_fixed_cases(tmp_path):
-    """The reward path (task.verify in this process, as the trainer calls it), the pool and the
-    full prepare -> generate -> score path give the same verdicts on the same cases."""
+    """The verifier called directly, the training reward path (`orl.eval.pool.rewards`, as
+    `orl.train.rollout.rollout_group` calls it), the pool and the full prepare -> generate -> score
+    path give the same verdicts on the same cases."""
     by_task: dict[str, list] = {}
     for name, kw, index, completion in CASES:
         by_task.setdefault(name, []).append((kw, index, completion))
@@ -161,7 +162,8 @@ def test_reward_equals_eval_on_fixed_cases(tmp_path):
         d = prepare(name, tmp_path / name, limit=1, task_kwargs=kw)
         problem = load_prepared(d).problems()[0]
         completions = [problem.meta["canonical_solution"] if c == "CANONICAL" else c for _, _, c in cases]
-        reward = [task.verify(problem, c) for c in completions]
+        direct = [task.verify(problem, c) for c in completions]
+        reward = rewards(task, [(problem, c) for c in completions], workers=2).scores
         pooled = verify_all(task, [(problem, c) for c in completions], workers=2)
         evaluated = []
         for k, c in enumerate(completions):
@@ -169,7 +171,7 @@ def test_reward_equals_eval_on_fixed_cases(tmp_path):
             generate_jsonl(d, gen, lambda p, c=c: {"completion": c, "n_tokens": 1, "forwards": 1,
                            "forwards_no_commit": 1, "latency_s": 0.0}, PROTOCOL, progress=False)
             evaluated.append(score_jsonl(gen, d, out, workers=1, progress=False)["accuracy"])
-        assert reward == pooled == evaluated, name
+        assert direct == reward == pooled == evaluated, name
         assert reward[0] == 1.0 and reward[-1] == 0.0, name
 
 
