@@ -17,7 +17,7 @@ Three parts, each on the CPU with the tiny recipes of tests/test_checkpoint_faul
   ``--server-flood`` sockets) against a server subprocess; counted: 5xx replies, connections held
   past the deadline, RSS before / after the flood.
 
-Prints the table and writes it to DIR/fault_report.md (and the raw counts to DIR/fault_report.json).
+Prints the table and writes it to DIR/fault_report.markdown (and the raw counts to DIR/fault_report.json).
 """
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def main() -> None:
         lines.append(srv["note"])
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(a.out, "fault_report.md"), "w") as f:
+    with open(os.path.join(a.out, "fault_report.markdown"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(a.out, "fault_report.json"), "w") as f:
         json.dump({"training": train, "scoring": score, "server": srv}, f, indent=1)

@@ -11,7 +11,7 @@ import openai
 import pytest
 import uvicorn
 
-from orl.serve.server import create_app
+from orl.serve.server import create_app, server_config
 from holding import held_after_text
 
 MODEL = "sdar/tiny"
@@ -26,7 +26,7 @@ class ServerThread:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(server_config(app, log_level="warning"))  # the guards `orl serve` runs with
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self):
@@ -275,7 +275,8 @@ def test_non_streaming_client_gone_while_queued_is_dropped(llm, server):
     try:
         hold = threading.Thread(target=lambda: _post(server.url + "/v1/completions", {**OK, "user": "holder"}))
         hold.start()
-        _until(lambda: sched.running is not None)
+        # the holder itself: the previous test's request may still be `running` for a moment after its answer
+        _until(lambda: sched.running is not None and sched.running.tag == "holder")
         # a raw connection: send the request, see it queued behind the holder, then hang up
         body = json.dumps({**OK, "user": "impatient"}).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"

@@ -7,7 +7,10 @@
   orl eval frontier  --base DIR --model DIR --out DIR [--task T | --recipe R] [--sweep V,...] [--limit N]
 
 Generation runs the model in this process; scoring runs every verifier in worker processes and
-every program in the sandbox, so a hostile completion cannot touch the generator. The decoding
+every program in the sandbox, so a hostile completion cannot touch the generator. ``main-table``
+prepares a task again when ``--limit`` (or any other prepare option) differs from the folder's
+manifest, leaves out and counts the prompts that do not fit the model's context with
+``--max-new-tokens``, and prints the table of every task that ran even when another failed. The decoding
 protocol (family, role, block size, thresholds, steps, max new tokens, temperature, chat template)
 is printed into every output file's header.
 ``frontier`` sweeps a base and a trained model over the decoder's knob on a task's held-out
@@ -24,9 +27,13 @@ MAIN = ("gsm8k", "math500", "humaneval", "mbpp")
 
 
 def _llm(model: str, role: str, device: str, sets: list[str]):
+    from ..decode import DecodeConfig  # noqa: PLC0415
     from ..recipes.overrides import parse_sets  # noqa: PLC0415
+    from ..recipes.validate import validate  # noqa: PLC0415
     from ..serve.llm import LLM  # noqa: PLC0415
-    return LLM(model, role=role, device=device, **parse_sets(sets))
+    llm = LLM(model, role=role, device=device, **parse_sets(sets, DecodeConfig))
+    validate(llm.decode_config)  # e.g. --set threshold=2: refused before any prompt is decoded
+    return llm
 
 
 def _generate_fn(llm, max_new_tokens: int):
@@ -49,28 +56,78 @@ def _protocol(llm, max_new_tokens: int) -> dict:
 
 
 def run_task(llm, task: str, out: Path, limit: int | None, max_new_tokens: int, task_kwargs=None) -> dict:
+    """Prepare (again when the options changed: `prepare_if_needed`), generate and score one task.
+    Prompts that do not fit the model's context with ``max_new_tokens`` are left out and counted
+    (``n_skipped``; ``skipped`` maps their ids to why): the rest run in a subset folder beside the
+    prepared one. Generations or scores made from other prompts are set aside, never mixed in."""
     from .generate import generate_jsonl  # noqa: PLC0415
-    from .prepare import load_prepared, prepare  # noqa: PLC0415
+    from .prepare import prepare_if_needed, subset  # noqa: PLC0415
     from .score import score_jsonl  # noqa: PLC0415
     inputs = out / "inputs" / task
-    try:
-        load_prepared(inputs)
-    except (FileNotFoundError, ValueError):
-        chat = llm.tokenizer if getattr(llm.tokenizer, "chat_template", None) else None
-        prepare(task, inputs, limit=limit, chat_template_tokenizer=chat, task_kwargs=task_kwargs or {})
-    gen = out / f"{task}.generations.jsonl"
-    generate_jsonl(inputs, gen, _generate_fn(llm, max_new_tokens), _protocol(llm, max_new_tokens), limit=limit)
-    return score_jsonl(gen, inputs, out / f"{task}.scored.jsonl")
+    chat = llm.tokenizer if getattr(llm.tokenizer, "chat_template", None) else None
+    prepared, why = prepare_if_needed(task, inputs, limit, chat, task_kwargs=task_kwargs or {})
+    if why is not None and why != "not prepared yet":
+        print(f"prepared {task} again ({why})")
+    excluded = _not_fitting(llm, prepared.rows, max_new_tokens)
+    if excluded:
+        note = {"context_length": llm.context_length, "max_new_tokens": max_new_tokens, "model": llm.name}
+        prepared = subset(prepared, out / "inputs" / f"{task}.fits", [r["id"] for r in prepared.rows
+                                                                     if r["id"] not in excluded], excluded, note)
+        print(f"skipped {len(excluded)} of {len(excluded) + len(prepared.rows)} {task} prompts: they do not fit "
+              f"the context of {llm.context_length} tokens with max_new_tokens {max_new_tokens}")
+    gen, scored = out / f"{task}.generations.jsonl", out / f"{task}.scored.jsonl"
+    for path in (gen, scored):
+        _set_aside_if_stale(path, prepared.manifest_sha256)
+    result = {"n_skipped": 0, "skipped": {}}
+    if prepared.rows:
+        generate_jsonl(prepared.dir, gen, _generate_fn(llm, max_new_tokens), _protocol(llm, max_new_tokens))
+        result = score_jsonl(gen, prepared.dir, scored)
+    else:
+        result.update(n=0, n_expected=0, accuracy=None, tpf=None)
+    result.update(n_skipped=len(excluded), skipped=excluded)
+    return result
+
+
+def _not_fitting(llm, rows: list[dict], max_new_tokens: int) -> dict[str, str]:
+    """id -> why, for each prepared prompt that does not fit ``llm``'s context with ``max_new_tokens``
+    (a budget that fits no prompt at all is the caller's error and raises)."""
+    from ..serve.llm import ContextLengthError  # noqa: PLC0415
+    llm.check_lengths(0, max_new_tokens)
+    out = {}
+    for r in rows:
+        n = llm.count_tokens(r["prompt"])
+        try:
+            llm.check_lengths(n, max_new_tokens)
+        except ContextLengthError:
+            out[r["id"]] = f"{n} prompt tokens + max_new_tokens {max_new_tokens} > context {llm.context_length}"
+    return out
+
+
+def _set_aside_if_stale(path: Path, manifest_sha256: str) -> None:
+    """Rename a generations / scores log written from other prompts (an earlier --limit, another
+    subset) to ``<name>.<its manifest hash>.jsonl`` so the new run starts clean and nothing is lost."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, encoding="utf-8") as f:
+        try:
+            old = json.loads(f.readline()).get("manifest_sha256")
+        except (json.JSONDecodeError, AttributeError):
+            return  # not ours to judge: the resumable log reports it
+    if old != manifest_sha256:
+        aside = path.with_name(f"{path.name.removesuffix('.jsonl')}.{str(old)[:12]}.jsonl")
+        path.rename(aside)
+        print(f"{path} was made from other prompts; moved to {aside}")
 
 
 def run_frontier(a) -> int:
     """`orl eval frontier`: both models swept with one decoding protocol, the frontier block written."""
     import dataclasses  # noqa: PLC0415
 
-    from ..decode import protocol  # noqa: PLC0415
+    from ..decode import DecodeConfig, protocol  # noqa: PLC0415
     from ..model import load_pretrained  # noqa: PLC0415
     from ..recipes import get_recipe  # noqa: PLC0415
     from ..recipes.overrides import parse_sets  # noqa: PLC0415
+    from ..recipes.validate import validate  # noqa: PLC0415
     from ..tasks.registry import get_task  # noqa: PLC0415
     from ..tokenizer import load_tokenizer  # noqa: PLC0415
     from . import frontier as F  # noqa: PLC0415
@@ -83,9 +140,10 @@ def run_frontier(a) -> int:
         if getattr(r, "eval_decode", None) is None:
             raise ValueError(f"recipe {a.recipe!r} has no eval_decode (an ORL recipe has); use --set instead")
         dcfg, task_name, task_kw = r.eval_decode, a.task or r.task, {**r.task_kwargs, **task_kw}
-        dcfg = dataclasses.replace(dcfg, **parse_sets(a.set))
+        dcfg = dataclasses.replace(dcfg, **parse_sets(a.set, DecodeConfig))
     else:
-        dcfg = protocol(mcfg.family, "base", **{"block_size": mcfg.block_size, **parse_sets(a.set)})
+        dcfg = protocol(mcfg.family, "base", **{"block_size": mcfg.block_size, **parse_sets(a.set, DecodeConfig)})
+    validate(dcfg)
     task = get_task(task_name or "arith", **task_kw)
     problems = task.problems("test")[:a.limit]
     values = None if a.sweep is None else [float(v) for v in a.sweep.split(",") if v]
@@ -162,6 +220,12 @@ def cli(argv: list[str]) -> int:
         from .score import score_jsonl  # noqa: PLC0415
         print(json.dumps(score_jsonl(a.generations, a.prepared, a.out), indent=2))
         return 0
+    if a.op == "generate" and a.limit is not None:  # before the model loads: a limit the folder cannot meet
+        from .prepare import load_prepared  # noqa: PLC0415
+        held = load_prepared(a.prepared)
+        if a.limit > len(held.rows) and held.manifest.get("limit") is not None:
+            raise ValueError(f"--limit {a.limit} asks for more prompts than {a.prepared} holds ({len(held.rows)}, "
+                             f"prepared with --limit {held.manifest['limit']}); prepare it again with --limit {a.limit}")
     llm = _llm(a.model, a.role, a.device, a.set)
     if a.op == "generate":
         from .generate import generate_jsonl  # noqa: PLC0415
@@ -173,7 +237,7 @@ def cli(argv: list[str]) -> int:
         raise ValueError(f"--family {a.family} but the model is a {llm.model.config.family!r} model")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results, skipped = {}, {}
+    results, skipped, failed = {}, {}, False
     for task in a.tasks.split(","):
         kw = {}
         if task.startswith("mbpp") and a.mbpp:
@@ -183,6 +247,9 @@ def cli(argv: list[str]) -> int:
         except FileNotFoundError as e:  # e.g. MBPP not supplied: say where to put it, run the rest
             skipped[task] = str(e)
             print(f"skipped {task}: {e}")
+        except ValueError as e:  # e.g. a log of another protocol: report it, still print the others' table
+            skipped[task], failed = str(e), True
+            print(f"failed {task}: {e}")
     md, js = main_table(results, a.family, a.role)
     js["skipped"] = skipped
     js["protocol"] = _protocol(llm, a.max_new_tokens)
@@ -190,7 +257,7 @@ def cli(argv: list[str]) -> int:
     (out / "main_table.json").write_text(json.dumps(js, indent=2) + "\n")
     print(md)
     print(f"\nwrote {out / 'main_table.md'} and {out / 'main_table.json'}")
-    return 0 if results else 1
+    return 0 if results and not failed else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

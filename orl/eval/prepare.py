@@ -10,7 +10,11 @@
 
 ``load_prepared(dir)`` re-hashes both files and refuses a mismatch, so generations and scores
 always refer to exactly the prompts that were prepared. The folder is self-contained: scoring
-needs the task's verifier but not its data file.
+needs the task's verifier but not its data file. ``prepare_if_needed`` reuses a folder only when
+its manifest records the options asked for now (task, options, split, limit, chat template) and
+prepares it again otherwise, so ``--limit 50`` never reports an earlier ``--limit 30``'s set.
+``subset`` writes a prepared folder of some of another's rows (the prompts that fit a model's
+context), its manifest naming the parent and every row it left out and why.
 
 Does not own: data loading or prompt wording (the tasks), generation (`orl.eval.generate`).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,3 +148,56 @@ def load_prepared(prepared_dir: str | os.PathLike) -> Prepared:
     if len(rows) != manifest["n"]:
         raise ValueError(f"{ppath} has {len(rows)} rows, its manifest says {manifest['n']}")
     return Prepared(d, manifest, sha256_file(mpath), rows)
+
+
+def _wanted(task_name: str, limit: int | None, chat_template_tokenizer: Any, split: str,
+            task_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest entries that decide which prompts a folder holds, as the manifest stores them."""
+    return json.loads(json.dumps({"task": task_name, "task_kwargs": dict(task_kwargs or {}), "split": split,
+                                  "limit": limit, "chat_template": _template_info(chat_template_tokenizer)}))
+
+
+def prepare_if_needed(task_name: str, out_dir: str | os.PathLike, limit: int | None = None,
+                      chat_template_tokenizer: Any = None, *, split: str = "test",
+                      task_kwargs: dict[str, Any] | None = None) -> tuple[Prepared, str | None]:
+    """The prepared folder ``out_dir`` for exactly these options, and why it was (re)built: None when
+    the folder already held them (reused as is), else a reason such as ``"limit 30 -> 50"``,
+    ``"not prepared yet"`` or the hash mismatch that made its files untrustworthy."""
+    wanted = _wanted(task_name, limit, chat_template_tokenizer, split, task_kwargs)
+    try:
+        old = load_prepared(out_dir)
+    except FileNotFoundError:
+        reason = "not prepared yet"
+    except (ValueError, KeyError) as e:
+        reason = f"its files do not match its manifest: {str(e).splitlines()[0]}"
+    else:
+        changed = [f"{k} {json.dumps(old.manifest.get(k))} -> {json.dumps(v)}" for k, v in wanted.items()
+                   if old.manifest.get(k) != v]
+        if not changed:
+            return old, None
+        reason = "; ".join(changed)
+    prepare(task_name, out_dir, limit, chat_template_tokenizer, split=split, task_kwargs=task_kwargs)
+    return load_prepared(out_dir), reason
+
+
+def subset(prepared: Prepared, out_dir: str | os.PathLike, keep: Iterable[str], excluded: dict[str, str],
+           note: dict[str, Any] | None = None) -> Prepared:
+    """A prepared folder holding ``prepared``'s rows whose ids are in ``keep`` (in their order), its
+    manifest the parent's plus ``subset_of`` (the parent manifest's hash), ``excluded`` (id -> why
+    it was left out) and ``note``. Written only when its content changes, so the same subset keeps
+    its manifest hash and generations over it resume."""
+    keep = set(keep)
+    rows = [r for r in prepared.rows if r["id"] in keep]
+    text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {**prepared.manifest, "n": len(rows), "prompts_file": PROMPTS,
+                "prompts_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                "subset_of": prepared.manifest_sha256, "excluded": dict(excluded), "subset_note": note or {}}
+    mtext = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    if not ((out / PROMPTS).is_file() and (out / MANIFEST).is_file()
+            and (out / MANIFEST).read_text(encoding="utf-8") == mtext
+            and sha256_file(out / PROMPTS) == manifest["prompts_sha256"]):
+        _write_atomic(out / PROMPTS, text)
+        _write_atomic(out / MANIFEST, mtext)
+    return load_prepared(out)

@@ -4,13 +4,16 @@
 GSM8K, MATH-500, HumanEval, MBPP) for the three families and both roles, plus the AIME-24 and
 MMLU-Pro columns of its Table 2 (section 4.2) where published (LLaDA and DiffusionGemma only).
 The paper's TPF counts one cache-commit forward per block, so it is compared with our ``tpf``,
-not ``tpf_no_commit``.
+not ``tpf_no_commit``. A row of ours is printed only from a fraction in [0, 1] over n > 0 scored
+problems ("–" when nothing was scored); anything else is refused with the task named, so the
+table never shows NaN or more than 100 %.
 
 Does not own: computing our numbers (`orl.eval.score`), plots.
 """
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 FAMILIES = {"sdar": "QwenDLM (4B)", "llada": "LLaDA-2.1-mini", "dgemma": "DiffusionGemma"}
@@ -40,6 +43,18 @@ def _fmt(x: float | None, digits: int) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def _accuracy(task: str, ours: dict[str, Any]) -> float | None:
+    """``ours``' accuracy in percent, None when nothing was scored; ``ValueError`` when it is not a
+    fraction in [0, 1]."""
+    acc = ours.get("accuracy")
+    if acc is None or ours.get("n") == 0:
+        return None
+    if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not math.isfinite(acc) or not 0 <= acc <= 1:
+        raise ValueError(f"results[{task!r}]['accuracy'] is {acc!r}, not a fraction in [0, 1] (n = "
+                         f"{ours.get('n')!r}); an orl.eval.score aggregate gives one -- refusing to print it")
+    return 100.0 * acc
+
+
 def main_table(results: dict[str, dict[str, Any]], family: str,
                role: str) -> tuple[str, dict[str, Any]]:
     """Markdown and JSON comparing ``results`` (task -> `orl.eval.score` aggregate, accuracy as a
@@ -53,18 +68,26 @@ def main_table(results: dict[str, dict[str, Any]], family: str,
     lines = [f"**{model}**: ours vs published (accuracy %, TPF with the commit forward)", "",
              "| Task | Acc ours | Acc paper | Δ acc | TPF ours | TPF paper | n |",
              "|---|---|---|---|---|---|---|"]
-    rows = {}
+    rows, notes = {}, []
     for t in tasks:
         ours = results.get(t, {})
-        acc = None if ours.get("accuracy") is None else 100.0 * ours["accuracy"]
+        acc = _accuracy(t, ours)
         p_acc, p_tpf = paper.get(t, (None, None))
         delta = None if acc is None or p_acc is None else acc - p_acc
-        rows[t] = {"ours": {"accuracy": acc, "tpf": ours.get("tpf"), "n": ours.get("n")},
+        n_skipped = ours.get("n_skipped") or 0
+        rows[t] = {"ours": {"accuracy": acc, "tpf": ours.get("tpf"), "n": ours.get("n"), "n_skipped": n_skipped},
                    "paper": {"accuracy": p_acc, "tpf": p_tpf},
                    "delta_accuracy": None if delta is None else round(delta, 4)}
         delta_s = "–" if delta is None else f"{delta:+.1f}"
+        n_s = f"{ours.get('n', '–')}" + (f" ({n_skipped} skipped)" if n_skipped else "")
         lines.append(f"| {TASK_TITLES.get(t, t)} | {_fmt(acc, 1)} | {_fmt(p_acc, 1)} | {delta_s} | "
-                     f"{_fmt(ours.get('tpf'), 2)} | {'–' if p_tpf is None else f'{p_tpf:g}'} | "
-                     f"{ours.get('n', '–')} |")
-    data = {"family": family, "role": role, "model": model, "tasks": rows}
+                     f"{_fmt(ours.get('tpf'), 2)} | {'–' if p_tpf is None else f'{p_tpf:g}'} | {n_s} |")
+        if n_skipped:
+            notes.append(f"{TASK_TITLES.get(t, t)}: {n_skipped} of {n_skipped + (ours.get('n') or 0)} prompts "
+                         "skipped (they do not fit the model's context with the token budget); accuracy and TPF "
+                         "are over the rest")
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    data = {"family": family, "role": role, "model": model, "tasks": rows,
+            "n_skipped": sum(r["ours"]["n_skipped"] for r in rows.values())}
     return "\n".join(lines) + "\n", json.loads(json.dumps(data))

@@ -8,8 +8,20 @@ cancellation (a client that goes away is cancelled at the next block boundary, o
 the queue). Nothing a client sends may crash or wedge it: unexpected errors become 500 JSON and
 the worker keeps running.
 
+Nothing a client holds may starve the others either (`Limits`, one `orl serve` option each): the
+request head must arrive within ``timeout_header`` s of connecting (or of the first byte of a
+kept-alive connection's next request) and the body within ``timeout_body`` s of the head, else a
+408 and the connection closes; bytes that cannot start an HTTP/1.1 request line get a 400 at once,
+not after a timeout; at most ``max_connections`` connections are held: at the cap the oldest one
+that holds no request in progress (idle, or still sending its request) is closed to make room, so
+/health still answers under a flood, and when every one is busy the newcomer gets a 503. These
+live in `GuardedH11Protocol`, uvicorn's h11 protocol with the deadlines and the cap added
+(uvicorn's own ``timeout_keep_alive`` only starts after a first response, and its
+``limit_concurrency`` counts idle connections, so under a flood it answers /health with 503 too).
+
 The request schemas and their validation are `orl.serve.schemas`; the single worker and its queue
-`orl.serve.scheduler`; this module is the app (routes, response bodies, SSE) and `orl serve`.
+`orl.serve.scheduler`; this module is the app (routes, response bodies, SSE), the connection
+guards and `orl serve`.
 Does not own: tensors, token ids or the decoder (`orl.serve.llm.LLM` turns text into text),
 sampling features the block decoder lacks (penalties, logprobs: accepted only where
 they are no-ops, see ``IGNORED`` and ``DEFAULT_ONLY``), batching (one request at a time).
@@ -17,19 +29,27 @@ they are no-ops, see ``IGNORED`` and ``DEFAULT_ONLY``), batching (one request at
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import collections
+import dataclasses
+import http
 import json
 import logging
+import re
+import resource
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
+import h11
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .scheduler import Job, QueueFull, Scheduler
 from .schemas import (BYTES_PER_CONTEXT_TOKEN, DEFAULT_ONLY, IGNORED, ChatRequest, CompletionRequest,  # noqa: F401
@@ -252,9 +272,209 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# --------------------------------------------------------------------------- connection guards
+@dataclass
+class Limits:
+    """How much of the server one client may hold; ``orl serve`` sets each field from the option of
+    the same name (``--max-connections`` ...)."""
+
+    max_connections: int = 512            # connections held at once (at most the open-file limit allows)
+    timeout_header: float = 10.0          # s from connecting (or a kept-alive request's first byte) to the head
+    timeout_body: float = 30.0            # s from the head to the last body byte (bounds an unread body too)
+    timeout_keep_alive: float = 5.0       # uvicorn's: idle between two requests
+    h11_max_incomplete_event_size: int = 16 * 1024  # uvicorn's: a longer request head is a 400
+    limit_concurrency: int | None = None  # uvicorn's 503 cap (counts idle connections too); None: off
+    backlog: int = 2048                   # the listening socket's accept queue
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "h11_max_incomplete_event_size", "backlog"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("timeout_header", "timeout_body", "timeout_keep_alive"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 s (got {getattr(self, name)})")
+        if self.limit_concurrency is not None and self.limit_concurrency < 1:
+            raise ValueError(f"limit_concurrency must be >= 1 or None (got {self.limit_concurrency})")
+
+
+def fit_open_files(limits: Limits, reserve: int = 64) -> tuple[Limits, str | None]:
+    """``limits`` lowered to fit this process's open-file limit less ``reserve`` descriptors (model
+    files, pipes, threads): at most half of it for held connections, and ``backlog`` at most a
+    quarter of the rest, because asyncio accepts up to ``backlog`` sockets in one go and a flood
+    keeps a few such bursts in flight (accepted, not yet seen by the cap, or closing) besides the
+    held ones. Returns the note to print when it had to lower them."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = (1 << 20) if soft == resource.RLIM_INFINITY else soft - reserve
+    conns = max(min(limits.max_connections, room // 2), 1)
+    backlog = max(min(limits.backlog, (room - conns) // 4), 1)
+    if (conns, backlog) == (limits.max_connections, limits.backlog):
+        return limits, None
+    changed = [f"{k} {a} -> {b}" for k, a, b in (("max_connections", limits.max_connections, conns),
+                                                 ("backlog", limits.backlog, backlog)) if a != b]
+    note = f"{', '.join(changed)}: the open-file limit (ulimit -n {soft}) leaves room for no more"
+    return dataclasses.replace(limits, max_connections=conns, backlog=backlog), note
+
+
+# "METHOD SP TARGET SP HTTP/x.y" as h11 parses it (a token, visible characters; a line ends at LF),
+# and the prefixes of one: what the first bytes of a request must look like
+_REQUEST_LINE = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]{1,32} [\x21-\x7e]+ HTTP/[0-9]\.[0-9]\r?")
+_REQUEST_LINE_START = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]{0,32}(?: [\x21-\x7e]*(?: [\x21-\x7e]*\r?)?)?")
+_LINE_CHECK = 64  # bytes of a request line looked at before h11 takes over
+
+
+def _raw_response(status: int, message: str, code: str, retry_after: int | None = None) -> bytes:
+    """A complete HTTP/1.1 response with an OpenAI-style error body that closes the connection,
+    written straight to the socket (h11 will not send a response before a request head)."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n"
+            + (f"retry-after: {retry_after}\r\n" if retry_after else "") + "\r\n")
+    return head.encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 connection with `Limits`' deadlines and connection cap.
+
+    One deadline timer per connection, never pushed back by arriving bytes: "header" while the
+    client owes a request head (from connecting, or from the first byte of its next request),
+    "body" while it owes the body (also after a response that did not need it, e.g. a 413: a
+    client trickling an unread body otherwise resets uvicorn's keep-alive timer forever), none
+    while the server owes the response (queued or decoding: the client waits for us). A subclass
+    per server (`protocol_for`) holds its `Limits` and its open connections, oldest first."""
+
+    limits: Limits
+    held: collections.OrderedDict
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_for: str | None = None   # "header" | "body" | None
+        self._line: bytes | None = b""         # this request's line so far; None once it looked valid
+
+    # -- uvicorn's protocol hooks
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.held[self] = None
+        if len(self.held) > self.limits.max_connections and not self._make_room():
+            self._abort(503, f"the server holds its limit of {self.limits.max_connections} connections and every "
+                             "one is busy with a request; retry in a moment", "too_many_connections", retry_after=1)
+            return
+        self._arm("header")
+
+    def connection_lost(self, exc) -> None:
+        self.held.pop(self, None)
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._line is not None and self.conn.their_state is h11.IDLE and not self._plausible(data):
+            self._abort(400, "this is not an HTTP/1.1 request (the bytes cannot start a request line)", "invalid_http")
+            return
+        super().data_received(data)
+        self._follow()
+
+    # -- deadlines
+    def _follow(self) -> None:
+        """Point the deadline at what the client owes now (after h11 consumed the new bytes)."""
+        if self.transport.is_closing():
+            return self._disarm()
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self._waiting_for != "header":
+                self._arm("header")
+            return
+        self._line = b""  # the head is in: the next request's line is checked afresh
+        if state is h11.SEND_BODY:
+            if self._waiting_for != "body":
+                self._arm("body")
+        else:
+            self._disarm()
+
+    def _arm(self, what: str) -> None:
+        self._disarm()
+        seconds = self.limits.timeout_header if what == "header" else self.limits.timeout_body
+        self._deadline, self._waiting_for = self.loop.call_later(seconds, self._expired, what), what
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._waiting_for = None, None
+
+    def _expired(self, what: str) -> None:
+        self._deadline, self._waiting_for = None, None
+        if self.transport.is_closing():
+            return
+        if what == "header":
+            started = self._line != b""  # a fresh or idle connection that sent nothing just closes
+            self._abort(408 if started else None, f"the request head did not arrive within "
+                        f"{self.limits.timeout_header:g} s", "request_timeout")
+        else:  # a 408 unless the response already went out (then it just closes)
+            self._abort(408, f"the request body did not arrive within {self.limits.timeout_body:g} s",
+                        "request_timeout")
+
+    # -- the request line, before h11 has a whole head to parse
+    def _plausible(self, data: bytes) -> bool:
+        line = self._line + data[:_LINE_CHECK - len(self._line)]
+        end = line.find(b"\n")
+        ok = (_REQUEST_LINE if end >= 0 else _REQUEST_LINE_START).fullmatch(line[:end] if end >= 0 else line)
+        self._line = None if end >= 0 or len(line) >= _LINE_CHECK else line
+        return ok is not None
+
+    # -- the cap
+    def _evictable(self) -> bool:
+        """Holds no request the server works on: idle between requests, or still sending one."""
+        if self.transport.is_closing():
+            return False
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return True
+        return self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not cycle.response_started
+
+    def _make_room(self) -> bool:
+        for other in self.held:
+            if other is not self and other._evictable():
+                # told why unless it idles after an answer (a pooled client must not read a stray 503)
+                idle = other.cycle is not None and other.cycle.response_complete and other._line == b""
+                other._abort(None if idle else 503, "closed to make room for a new connection: the server holds "
+                             f"its limit of {self.limits.max_connections}; retry", "too_many_connections", 1)
+                return True
+        return False
+
+    def _abort(self, status: int | None, message: str, code: str, retry_after: int | None = None) -> None:
+        """Close the connection, first answering ``status`` (None: nothing) unless a response of ours
+        is already on the wire; a handler still reading the body sees a disconnect."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            on_wire = cycle.response_started
+            cycle.disconnected = True   # its receive() now returns http.disconnect, its send() nothing
+            cycle.message_event.set()
+        else:
+            on_wire = cycle is not None and self.conn.their_state is h11.SEND_BODY  # answered, body unread
+        if status is not None and not on_wire:
+            self.transport.write(_raw_response(status, message, code, retry_after))
+        self.held.pop(self, None)
+        self._disarm()
+        self.transport.close()
+
+
+def protocol_for(limits: Limits) -> type[GuardedH11Protocol]:
+    """A `GuardedH11Protocol` class of one server: its limits and its own table of connections."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits, "held": collections.OrderedDict()})
+
+
+def server_config(app, limits: Limits | None = None, **kwargs) -> uvicorn.Config:
+    """The uvicorn config serving ``app`` under ``limits`` (``kwargs``: host, port, log_level ...)."""
+    limits = limits or Limits()
+    return uvicorn.Config(app, http=protocol_for(limits), timeout_keep_alive=limits.timeout_keep_alive,
+                          limit_concurrency=limits.limit_concurrency, backlog=limits.backlog,
+                          h11_max_incomplete_event_size=limits.h11_max_incomplete_event_size, **kwargs)
+
+
 # --------------------------------------------------------------------------- `orl serve`
 def cli(argv: list[str] | None = None) -> int:
     from .generate_cli import add_llm_args  # noqa: PLC0415
+    d = Limits()
     ap = argparse.ArgumentParser(prog="orl serve", description="OpenAI-compatible HTTP server: one request "
                                  "decodes at a time, the rest wait in a bounded FIFO queue.")
     ap.add_argument("--model", required=True, help="checkpoint directory or named size (sdar/tiny, qwen3-4b)")
@@ -263,17 +483,46 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", default="base", choices=("base", "orl"), help="decoding protocol role")
     ap.add_argument("--queue-size", type=int, default=16, help="requests that may wait (more get 429)")
     ap.add_argument("--served-model-name", default=None, help="name clients pass as `model` (default --model)")
+    ap.add_argument("--max-body-bytes", type=int, default=None,
+                    help=f"request body limit (413 beyond; default {BYTES_PER_CONTEXT_TOKEN} bytes per context token)")
+    g = ap.add_argument_group("connection limits (see orl.serve.server.Limits)")
+    g.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="connections held at once; at the cap the oldest idle one is closed, else 503 "
+                        f"(default {d.max_connections}; with --backlog, within the open-file limit)")
+    g.add_argument("--timeout-header", type=float, default=d.timeout_header,
+                   help=f"seconds to send the request head (408 after; default {d.timeout_header:g})")
+    g.add_argument("--timeout-body", type=float, default=d.timeout_body,
+                   help=f"seconds to send the request body after its head (408 after; default {d.timeout_body:g})")
+    g.add_argument("--timeout-keep-alive", type=float, default=d.timeout_keep_alive,
+                   help=f"seconds an idle connection stays open between requests (default {d.timeout_keep_alive:g})")
+    g.add_argument("--h11-max-incomplete-event-size", type=int, default=d.h11_max_incomplete_event_size,
+                   help=f"largest request head (400 beyond; default {d.h11_max_incomplete_event_size})")
+    g.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency,
+                   help="uvicorn's own cap: 503 to every request while this many connections or requests exist, "
+                        "idle ones included (default off: --max-connections keeps /health answering)")
+    g.add_argument("--backlog", type=int, default=d.backlog, help=f"accept queue length (default {d.backlog})")
     add_llm_args(ap)
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
-    import uvicorn  # noqa: PLC0415
 
+    from ..decode import DecodeConfig  # noqa: PLC0415
     from ..recipes.overrides import parse_sets  # noqa: PLC0415
+    from ..recipes.validate import validate  # noqa: PLC0415
     from .llm import LLM  # noqa: PLC0415
+    limits, note = fit_open_files(Limits(
+        max_connections=args.max_connections, timeout_header=args.timeout_header, timeout_body=args.timeout_body,
+        timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        limit_concurrency=args.limit_concurrency, backlog=args.backlog))
+    if note:
+        print(f"orl serve: {note}")
+    if args.max_body_bytes is not None and args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1 (got {args.max_body_bytes})")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"orl serve: warning: listening on {args.host}; the server has no authentication")
     llm = LLM(args.model, role=args.role, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
-              engine=args.engine, **parse_sets(args.set))
-    app = create_app(llm, args.served_model_name or args.model, queue_size=args.queue_size)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+              engine=args.engine, **parse_sets(args.set, DecodeConfig))
+    validate(llm.decode_config)  # the protocol's ranges, before the warm-up decode would trip on one
+    app = create_app(llm, args.served_model_name or args.model, queue_size=args.queue_size,
+                     max_body_bytes=args.max_body_bytes)
+    uvicorn.Server(server_config(app, limits, host=args.host, port=args.port, log_level=args.log_level)).run()
     return 0
