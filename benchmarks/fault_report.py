@@ -113,7 +113,7 @@ def training(kills: int, rng: random.Random, root: str) -> list[dict]:
             log = os.path.join(out + ".resumed")
             for fault in plan:
                 newest = _newest_step(out)
-                ended = _launch(recipe, cfg, kill_after=None if fault else rng.uniform(0.2, 0.9 * wall),
+                ended = _launch(recipe, cfg, kill_after=None if fault else rng.uniform(0.05 * wall, 0.95 * wall),
                                 fault=fault, resume_log=log)
                 row["faults"] += not ended
                 if ended:

@@ -130,3 +130,12 @@ def test_generate_refuses_a_limit_the_prepared_folder_cannot_meet(tmp_path):
         cli(["generate", "--model", "sdar/tiny", "--prepared", str(tmp_path / "p"), "--out", str(tmp_path / "g.jsonl"),
              "--limit", "5"])
     assert not (tmp_path / "g.jsonl").exists()
+
+
+@pytest.mark.parametrize("item,words", [("threshold=abc", "threshold expects a float, got 'abc'"),
+                                        ("threshold=5", "threshold must be in [0, 1] (got 5.0)")])
+def test_generate_sets_are_typed_and_checked(item, words, capsys):
+    """`orl generate --set` parses against DecodeConfig's types and checks its ranges, as `orl serve`."""
+    from orl.cli import main
+    assert main(["generate", "--model", "sdar/tiny", "hi", "--set", item, "--no-warmup"]) != 0
+    assert words in capsys.readouterr().err

@@ -45,12 +45,15 @@ def cli(argv: list[str] | None = None) -> int:
                     help="skip the one-block warm-up decode (its one-time setup otherwise lands in the latency)")
     add_llm_args(ap)
     args = ap.parse_args(argv)
+    from ..decode import DecodeConfig  # noqa: PLC0415
+    from ..recipes.validate import validate  # noqa: PLC0415
     from .llm import LLM  # noqa: PLC0415 (torch only once the arguments are valid)
 
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = [{"role": "user", "content": text}] if args.chat else text
     llm = LLM(args.model, role=args.role, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer,
-              engine=args.engine, **parse_sets(args.set))
+              engine=args.engine, **parse_sets(args.set, DecodeConfig))  # typed, as orl serve's
+    validate(llm.decode_config)  # the protocol's ranges, before the warm-up decode would trip on one
     if not args.no_warmup:
         llm.warmup()
     opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, stop=args.stop, seed=args.seed,
