@@ -98,8 +98,9 @@ def training(kills: int, rng: random.Random, root: str) -> list[dict]:
     rows = []
     for recipe in ("sft", "orl", "offpolicy", "rft"):
         ref_out = os.path.join(root, f"ref_{recipe}")
-        t = time.monotonic()
         _launch(recipe, _cfg(recipe, start, ref_out), resume_log=os.path.join(root, "ref.log"))
+        t = time.monotonic()  # a second, warm launch times a run (the first pays this process's first imports)
+        _launch(recipe, _cfg(recipe, start, ref_out + "_timed"), resume_log=os.path.join(root, "ref.log"))
         wall = time.monotonic() - t
         ref = T._state(T._final_ck(ref_out, LAST[recipe]))
         row = {"recipe": recipe, "faults": 0, "runs": 0, "exact": 0, "silent_restarts": 0, "records_lost": 0,
@@ -111,21 +112,26 @@ def training(kills: int, rng: random.Random, root: str) -> list[dict]:
             out = os.path.join(root, f"{recipe}_{k}")
             cfg = _cfg(recipe, start, out)
             log = os.path.join(out + ".resumed")
+            def silent(newest: int, seen: int) -> bool:  # this launch resumed below what was on disk
+                got = [int(x) for x in open(log)] if os.path.exists(log) else []
+                return len(got) > seen and got[-1] < newest  # (a launch killed before it resumed wrote nothing)
+
+            def seen() -> int:
+                return sum(1 for _ in open(log)) if os.path.exists(log) else 0
             for fault in plan:
-                newest = _newest_step(out)
+                newest, n = _newest_step(out), seen()
                 ended = _launch(recipe, cfg, kill_after=None if fault else rng.uniform(0.05 * wall, 0.95 * wall),
                                 fault=fault, resume_log=log)
                 row["faults"] += not ended
+                row["silent_restarts"] += silent(newest, n)
                 if ended:
                     break
-                got = [int(x) for x in open(log)] if os.path.exists(log) else []
-                row["silent_restarts"] += bool(got) and got[-1] < newest
             while True:  # resume to the end
-                newest = _newest_step(out)
-                if _launch(recipe, cfg, resume_log=log):
+                newest, n = _newest_step(out), seen()
+                ended = _launch(recipe, cfg, resume_log=log)
+                row["silent_restarts"] += silent(newest, n)
+                if ended:
                     break
-            got = [int(x) for x in open(log)]
-            row["silent_restarts"] += got[-1] < newest
             row["runs"] += 1
             try:
                 T._same_state(T._state(T._final_ck(out, LAST[recipe])), ref)
