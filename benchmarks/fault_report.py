@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import random
 import shutil
 import signal
@@ -94,7 +95,7 @@ def _launch(recipe: str, cfg, kill_after: float | None = None, fault: str | None
 
 
 def training(kills: int, rng: random.Random, root: str) -> list[dict]:
-    start = T._start(os.path.join(root, "start"))
+    start = T._start(pathlib.Path(root))
     rows = []
     for recipe in ("sft", "orl", "offpolicy", "rft"):
         ref_out = os.path.join(root, f"ref_{recipe}")

@@ -19,12 +19,9 @@ import traceback
 import pytest
 import torch
 
-from orl.model import build_model, get_config, save_pretrained
 from orl.model.checkpoint import read_state_dict
-from orl.model.convert import ensure_pathway
 from orl.recipes.arith import arith_sft_smoke
 from orl.recipes.orl_arith import orl_arith_smoke
-from orl.tokenizer import build_char_tokenizer
 from orl.train import checkpoint as C
 from orl.train import sft as S
 from orl.train.loop import train_orl
@@ -34,19 +31,9 @@ from orl.train.sft import train_sft
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 sys.path.insert(0, FIXTURES)
 from coin_task import CoinTask  # noqa: E402
+from test_train import _start  # noqa: E402 (the ORL start model: every step of a 4-step run has verified rollouts)
 
 # ---- helpers
-
-
-def _start(d):
-    """The ORL start model of tests/test_train.py (every step of a 4-step run has verified rollouts)."""
-    tok = build_char_tokenizer()
-    m = build_model(get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
-                               block_size=16), seed=5)
-    ensure_pathway(m)
-    torch.nn.init.normal_(m.residual_pathway.mlp.down_proj.weight, std=0.1, generator=torch.Generator().manual_seed(0))
-    save_pretrained(m, str(d), tokenizer=tok)
-    return str(d)
 
 
 def _orl(start, out, stale=1):
@@ -135,7 +122,7 @@ def ref(tmp_path_factory):
     """Uninterrupted runs: SFT (8 steps, checkpoints 3, 6, 8), ORL and off-policy ORL (4 steps,
     checkpoints 2, 4), RFT (4 steps); the state of each one's last checkpoint and its metrics."""
     d = tmp_path_factory.mktemp("ref")
-    start = _start(d / "start")
+    start = _start(d)
     cfgs = {"sft": arith_sft_smoke(str(d / "sft")), "orl": _orl(start, d / "orl"),
             "offpolicy": _orl(start, d / "offpolicy", stale=3), "rft": _rft(start, d / "rft")}
     out = {"start": start}

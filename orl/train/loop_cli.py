@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .sft_cli import add_resume_args, resume_kwargs
+
 
 def cli(argv: list[str]) -> int:
     from ..recipes import apply_overrides, get_recipe  # noqa: PLC0415
@@ -15,18 +17,12 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", help="run directory (default: the recipe's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field, e.g. --set loss.rho=0.4 --set steps=200")
-    ap.add_argument("--no-resume", action="store_true",
-                    help="start over at step 0 (the run directory's older checkpoints are pruned as this run saves)")
-    ap.add_argument("--resume-from", metavar="DIR", help="resume from this checkpoint folder (e.g. OUT/checkpoints/"
-                    "step_00000100) instead of the newest complete one")
-    ap.add_argument("--allow-config-change", action="store_true",
-                    help="resume although the config differs from the checkpoint's (the differences are listed)")
+    add_resume_args(ap)
     ap.add_argument("--stop-after", type=int, default=None, metavar="STEP",
                     help="stop after this step (a later call resumes from the last checkpoint)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
-    if a.no_resume and a.resume_from:
-        ap.error("--no-resume and --resume-from exclude each other")
+    resume = resume_kwargs(ap, a)
     cfg = get_recipe(a.recipe)
     for k in ("init", "task", "out"):
         if getattr(a, k):
@@ -35,8 +31,7 @@ def cli(argv: list[str]) -> int:
         cfg.task_kwargs = {}
     apply_overrides(cfg, a.set)
     joined = _maybe_init_distributed(cfg.device)
-    final = train_orl(cfg, resume=not a.no_resume, quiet=a.quiet, stop_after=a.stop_after, resume_from=a.resume_from,
-                      allow_config_change=a.allow_config_change)
+    final = train_orl(cfg, quiet=a.quiet, stop_after=a.stop_after, **resume)
     print(f"final model: {final}", flush=True)
     if joined:  # leave the group before exit: gloo's teardown at interpreter exit can abort the process
         import torch.distributed as dist  # noqa: PLC0415
