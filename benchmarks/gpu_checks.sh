@@ -33,9 +33,9 @@ engine)
     > "$OUT/gpu_tests.log" 2>&1; tail -n 14 "$OUT/gpu_tests.log" ;;
 rollout)
   timeout 300 python3 benchmarks/rollout.py --out "$OUT/rollout" --families sdar --batches 1,8,16,64 \
-    --ref-batch 16 --sampler triton --profile 1,8,64 > "$OUT/rollout.log" 2>&1; tail -n 12 "$OUT/rollout.log"
+    --ref-batch 16 --sampler triton --profile 1,8,16,64 > "$OUT/rollout.log" 2>&1; tail -n 12 "$OUT/rollout.log"
   timeout 260 python3 benchmarks/rollout.py --out "$OUT/rollout_llada" --families llada --batches 1,8,16,64 \
-    --ref-batch 0 --sampler triton --profile 1,8,16 > "$OUT/rollout_llada.log" 2>&1; tail -n 8 "$OUT/rollout_llada.log" ;;
+    --ref-batch 0 --sampler triton --profile 1,8,16,64 > "$OUT/rollout_llada.log" 2>&1; tail -n 8 "$OUT/rollout_llada.log" ;;
 step)
   timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,torch-sampler,all-off --row-limit 300 --sampler triton \
     > "$OUT/train_step.log" 2>&1; tail -n 12 "$OUT/train_step.log" ;;
