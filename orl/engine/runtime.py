@@ -78,6 +78,23 @@ class EngineConfig:
             raise ValueError(f"kernels must be 'torch' or 'triton', got {self.kernels!r}")
 
 
+
+# One compiled ``layer`` serves every (rows, cache bucket) shape, every layer kind (a dense first layer,
+# MoE layers: their guards differ) and both grad modes, in every runtime of the process: a rollout at
+# 4 batch sizes x 7 cache buckets needs ~60 entries. Dynamo's default of 8 then silently ran the
+# later shapes eagerly (measured 2026-12-01 on the H200: B = 16 rounds at 1.7x the compiled time).
+RECOMPILE_LIMIT = 512
+
+
+def _allow_recompiles() -> None:
+    import torch._dynamo  # noqa: PLC0415
+    cfg = torch._dynamo.config
+    for name, value in (("recompile_limit", RECOMPILE_LIMIT), ("cache_size_limit", RECOMPILE_LIMIT),
+                        ("accumulated_recompile_limit", 8 * RECOMPILE_LIMIT),
+                        ("accumulated_cache_size_limit", 8 * RECOMPILE_LIMIT)):
+        if hasattr(cfg, name) and getattr(cfg, name) < value:
+            setattr(cfg, name, value)
+
 class Runtime:
     """Runtime(model, block_size) -> ``decode(prompt_ids, DecodeConfig)`` -> `DecodeOutput`.
 
@@ -115,6 +132,7 @@ class Runtime:
             from ..kernels.layers import TritonKernels  # noqa: PLC0415 - optional dependency
             self._kernels = TritonKernels(self.w)
         elif ec.compile or (ec.compile is None and dev.type == "cuda" and not ec.tp and not self.uniform):
+            _allow_recompiles()
             self._layer = torch.compile(F_.layer, dynamic=False)  # T static: one kernel set per T
         D = mcfg.hidden_size
         z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
