@@ -10,7 +10,8 @@
 #           64; profiles at 1, 8, 16);
 #   step    the 4B ORL step (rollouts with the fused logits pass): full, the torch logits pass and
 #           all-off in the same run (all-off stopped at 300 s: its time and the ratio are then bounds);
-#   moe     the LLaDA-2.1-mini-width ORL step (MoE path): full and no-packing (200 s a row at most);
+#   moe     the grouped-GEMM expert test, then the LLaDA-2.1-mini-width ORL step (MoE path): full and
+#           dense (150 s a row at most);
 #   cpu     the whole CPU test suite (CUDA hidden) on this machine's CPU and torch.
 set -u -o pipefail
 OUT=${1:?out dir}; STAGE=${2:?stage: engine, rollout, step, moe or cpu}
@@ -40,8 +41,9 @@ step)
   timeout 560 python3 benchmarks/train_step.py --out "$OUT/step" --rows full,torch-sampler,all-off --row-limit 300 --sampler triton \
     > "$OUT/train_step.log" 2>&1; tail -n 12 "$OUT/train_step.log" ;;
 moe)
-  timeout 560 python3 benchmarks/train_step.py --out "$OUT/moe" --family llada --layers 6 \
-    --rows full,no-packing --row-limit 200 > "$OUT/train_step_moe.log" 2>&1; tail -n 12 "$OUT/train_step_moe.log" ;;
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_moe_grouped.py > "$OUT/moe_tests.log" 2>&1; tail -n 3 "$OUT/moe_tests.log"
+  timeout 480 python3 benchmarks/train_step.py --out "$OUT/moe" --family llada --layers 6 \
+    --rows full,dense --row-limit 150 > "$OUT/train_step_moe.log" 2>&1; tail -n 12 "$OUT/train_step_moe.log" ;;
 cpu)
   CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 560 python3 -m pytest -q -p no:cacheprovider tests \
     > "$OUT/cpu_tests.log" 2>&1; tail -n 5 "$OUT/cpu_tests.log" ;;
