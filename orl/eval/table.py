@@ -1,8 +1,11 @@
 """Step 4 of evaluation: our numbers beside the published ORL numbers.
 
 `PAPER` holds Table 1 of the ORL manuscript (docs/method.md section 4.1: accuracy % / TPF on
-GSM8K, MATH-500, HumanEval, MBPP) for the three families and both roles, plus the AIME-24 and
-MMLU-Pro columns of its Table 2 (section 4.2) where published (LLaDA and DiffusionGemma only).
+GSM8K, MATH-500, HumanEval, MBPP) for the three families and both roles, plus its Table 2
+(section 4.2: AIME-24, MMLU-Pro, GPQA-Diamond, LiveCodeBench v6, IFEval; `TRANSFER_TASKS`) where
+published (LLaDA and DiffusionGemma only). IFEval's column is compared with our prompt-level strict
+accuracy (`orl.tasks.ifeval`, the task's default reward; the paper does not say which of IFEval's
+four accuracies it reports).
 The paper's TPF counts one cache-commit forward per block, so it is compared with our ``tpf``,
 not ``tpf_no_commit``. A row of ours is printed only from a fraction in [0, 1] over n > 0 scored
 problems ("–" when nothing was scored); anything else is refused with the task named, so the
@@ -20,7 +23,10 @@ FAMILIES = {"sdar": "QwenDLM (4B)", "llada": "LLaDA-2.1-mini", "dgemma": "Diffus
 ROLES = ("base", "orl")
 MAIN_TASKS = ("gsm8k", "math500", "humaneval", "mbpp")
 TASK_TITLES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mbpp": "MBPP",
-               "aime": "AIME-24", "mmlu-pro": "MMLU-Pro"}
+               "aime": "AIME-24", "mmlu-pro": "MMLU-Pro", "gpqa-diamond": "GPQA-D",
+               "livecodebench": "LCB-v6", "ifeval": "IFEval"}
+# Table 2 (transfer), section 4.2: published for LLaDA and DiffusionGemma only
+TRANSFER_TASKS = ("aime", "mmlu-pro", "gpqa-diamond", "livecodebench", "ifeval")
 
 # (family, role) -> task -> (accuracy %, TPF)
 PAPER: dict[tuple[str, str], dict[str, tuple[float, float]]] = {
@@ -29,13 +35,17 @@ PAPER: dict[tuple[str, str], dict[str, tuple[float, float]]] = {
     ("sdar", "orl"): {"gsm8k": (92.4, 5.9), "math500": (92.2, 5.8), "humaneval": (89.6, 11.1),
                       "mbpp": (79.4, 8.0)},
     ("llada", "base"): {"gsm8k": (91.9, 5.6), "math500": (84.6, 8.2), "humaneval": (86.6, 11.3),
-                        "mbpp": (77.5, 7.7), "aime": (50.0, 5.31), "mmlu-pro": (57.7, 3.60)},
+                        "mbpp": (77.5, 7.7), "aime": (50.0, 5.31), "mmlu-pro": (57.7, 3.60),
+                        "gpqa-diamond": (49.5, 3.05), "livecodebench": (28.0, 5.90), "ifeval": (84.1, 1.53)},
     ("llada", "orl"): {"gsm8k": (92.0, 8.5), "math500": (87.0, 10.2), "humaneval": (89.0, 13.1),
-                       "mbpp": (77.3, 10.3), "aime": (48.3, 7.77), "mmlu-pro": (58.2, 4.88)},
+                       "mbpp": (77.3, 10.3), "aime": (48.3, 7.77), "mmlu-pro": (58.2, 4.88),
+                       "gpqa-diamond": (46.1, 4.21), "livecodebench": (30.3, 7.43), "ifeval": (82.3, 1.74)},
     ("dgemma", "base"): {"gsm8k": (95.8, 26.0), "math500": (92.3, 23.7), "humaneval": (90.9, 24.5),
-                         "mbpp": (87.7, 23.1), "aime": (55.8, 18.15), "mmlu-pro": (78.6, 18.57)},
+                         "mbpp": (87.7, 23.1), "aime": (55.8, 18.15), "mmlu-pro": (78.6, 18.57),
+                         "gpqa-diamond": (65.7, 17.50), "livecodebench": (53.5, 19.96), "ifeval": (66.9, 9.90)},
     ("dgemma", "orl"): {"gsm8k": (96.0, 30.0), "math500": (92.3, 27.4), "humaneval": (91.9, 27.9),
-                        "mbpp": (88.2, 27.0), "aime": (56.3, 22.02), "mmlu-pro": (78.1, 22.60)},
+                        "mbpp": (88.2, 27.0), "aime": (56.3, 22.02), "mmlu-pro": (78.1, 22.60),
+                        "gpqa-diamond": (65.3, 21.27), "livecodebench": (51.4, 24.09), "ifeval": (66.9, 11.68)},
 }
 
 
@@ -55,15 +65,16 @@ def _accuracy(task: str, ours: dict[str, Any]) -> float | None:
     return 100.0 * acc
 
 
-def main_table(results: dict[str, dict[str, Any]], family: str,
-               role: str) -> tuple[str, dict[str, Any]]:
+def main_table(results: dict[str, dict[str, Any]], family: str, role: str,
+               tasks: tuple[str, ...] = MAIN_TASKS) -> tuple[str, dict[str, Any]]:
     """Markdown and JSON comparing ``results`` (task -> `orl.eval.score` aggregate, accuracy as a
-    fraction) with the paper's row for (``family``, ``role``)."""
+    fraction) with the paper's row for (``family``, ``role``): a row for each of ``tasks`` (Table
+    1's by default; `TRANSFER_TASKS` for Table 2), then any other task in ``results``."""
     if (family, role) not in PAPER:
         raise ValueError(f"no published row for family={family!r}, role={role!r}; families "
                          f"{sorted(FAMILIES)}, roles {list(ROLES)}")
     paper = PAPER[(family, role)]
-    tasks = list(MAIN_TASKS) + [t for t in results if t not in MAIN_TASKS]
+    tasks = list(tasks) + [t for t in results if t not in tasks]
     model = FAMILIES[family] + (" + ORL" if role == "orl" else "")
     lines = [f"**{model}**: ours vs published (accuracy %, TPF with the commit forward)", "",
              "| Task | Acc ours | Acc paper | Δ acc | TPF ours | TPF paper | n |",
