@@ -1,12 +1,15 @@
 """OpenAI-compatible HTTP server around one `LLM`: validation, a bounded FIFO queue, SSE streaming.
 
-Owns the HTTP surface (docs/engine.md section 6): POST /v1/completions and /v1/chat/completions
-(non-streaming and SSE), GET /v1/models, GET /health; request validation with errors that name
-the offending field (OpenAI-style bodies, always 4xx); a single worker thread that decodes one
-request at a time while the rest wait in a bounded FIFO queue (full: 429 + Retry-After); and
-cancellation (a client that goes away is cancelled at the next block boundary, or dropped from
-the queue). Nothing a client sends may crash or wedge it: unexpected errors become 500 JSON and
-the worker keeps running.
+Owns the HTTP surface (docs/serving.md, docs/engine.md section 6): POST /v1/completions and
+/v1/chat/completions (non-streaming and SSE; ``n`` samples, lists of prompts, token-id prompts,
+``logprobs``, ``echo``), GET /v1/models and /v1/models/{id}, POST /tokenize and /detokenize
+(vLLM's shapes), GET /metrics (Prometheus text), GET /health; request validation with errors that
+name the offending field (OpenAI-style bodies, always 4xx), unknown fields ignored and named in
+the ``X-Ignored-Fields`` response header (logged once per name); a single worker thread that
+decodes one request at a time while the rest wait in a bounded FIFO queue (full: 429 +
+Retry-After); and cancellation (a client that goes away is cancelled at the next block boundary,
+or dropped from the queue). Nothing a client sends may crash or wedge it: unexpected errors become
+500 JSON and the worker keeps running.
 
 Nothing a client holds may starve the others either (`Limits`, one `orl serve` option each): the
 request head must arrive within ``timeout_header`` s of connecting (or of the first byte of a
@@ -19,12 +22,13 @@ live in `GuardedH11Protocol`, uvicorn's h11 protocol with the deadlines and the 
 (uvicorn's own ``timeout_keep_alive`` only starts after a first response, and its
 ``limit_concurrency`` counts idle connections, so under a flood it answers /health with 503 too).
 
-The request schemas and their validation are `orl.serve.schemas`; the single worker and its queue
-`orl.serve.scheduler`; this module is the app (routes, response bodies, SSE), the connection
-guards and `orl serve`.
-Does not own: tensors, token ids or the decoder (`orl.serve.llm.LLM` turns text into text),
-sampling features the block decoder lacks (penalties, logprobs: accepted only where
-they are no-ops, see ``IGNORED`` and ``DEFAULT_ONLY``), batching (one request at a time).
+The request schemas, their validation and the response bodies are `orl.serve.schemas`; the single
+worker, its queue and the metrics `orl.serve.scheduler`; this module is the app (routes, SSE, the
+status counter behind /metrics), the connection guards and `orl serve`.
+Does not own: tensors, token ids or the decoder (`orl.serve.llm.LLM` turns prompts into text and
+log-probabilities), sampling features the block decoder lacks (penalties, the prompt's own
+log-likelihood: refused, see ``DEFAULT_ONLY`` and `parse_request`), batching across requests (one
+request at a time; a request's ``n`` samples decode as one batch).
 """
 from __future__ import annotations
 
@@ -38,7 +42,6 @@ import logging
 import re
 import resource
 import time
-import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -52,79 +55,62 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .scheduler import Job, QueueFull, Scheduler
-from .schemas import (BYTES_PER_CONTEXT_TOKEN, DEFAULT_ONLY, IGNORED, ChatRequest, CompletionRequest,  # noqa: F401
-                      RequestError, error_response, parse_request)
+from .schemas import (BYTES_PER_CONTEXT_TOKEN, DEFAULT_ONLY, IGNORED, IGNORED_HEADER,  # noqa: F401
+                      ChatRequest, CompletionRequest, DetokenizeRequest, RequestError, Shape, TokenizeRequest,
+                      error_response, parse_body, parse_request, unknown_fields)
 
 log = logging.getLogger("orl.serve.server")
 
-
-# --------------------------------------------------------------------------- response bodies
-def _usage(gen) -> dict:
-    return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-            "total_tokens": gen.prompt_tokens + gen.completion_tokens}
-
-
-def _metrics(gen) -> dict:
-    """orl extension: the decode's own numbers (clients ignore unknown top-level fields)."""
-    return {k: getattr(gen, k) for k in ("tpf", "tpf_no_commit", "forwards", "latency_s", "request_tps")}
-
-
-class _Shape:
-    """The id, object names and choice layout of one endpoint's responses."""
-
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def full(self, gen) -> dict:
-        """The response to one Generation, or to the list of n samples of one request (``n``: one
-        choice each, usage summed over them, the prompt counted once; metrics of the first)."""
-        gens = gen if isinstance(gen, list) else [gen]
-        choices = []
-        for i, g in enumerate(gens):
-            choice = {"index": i, "logprobs": None, "finish_reason": g.finish_reason}
-            if self.chat:
-                choice["message"] = {"role": "assistant", "content": g.text}
-            else:
-                choice["text"] = g.text
-            choices.append(choice)
-        usage = _usage(gens[0])
-        if len(gens) > 1:
-            done = sum(g.completion_tokens for g in gens)
-            usage = {**usage, "completion_tokens": done, "total_tokens": usage["prompt_tokens"] + done}
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": choices,
-                "usage": usage, "metrics": _metrics(gens[0])}
-
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
-        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish}
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice["delta"] = delta
-        else:
-            choice["text"] = text or ""
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
-
-    def usage_chunk(self, gen) -> dict:
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                "usage": _usage(gen), "metrics": _metrics(gen)}
+# The endpoints /metrics counts responses of (anything else is counted as "other")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{id}", "/tokenize",
+             "/detokenize", "/metrics", "/health", "/explore")
+_MAX_LOGGED_FIELDS = 1000  # distinct ignored field names logged (a client inventing names cannot flood the log)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\[\]-]{1,200}")  # an ignored field named as is; others JSON-quoted
 
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+class StatusCounter:
+    """ASGI middleware: counts every response the app starts by endpoint and status code (the
+    responses of the connection guards, written before the app sees a request, are not counted).
+    Passes ``receive`` through untouched, so disconnect detection works as without it."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+        started = False
+
+        async def counted(message):
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self.metrics.response(endpoint, message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:
+            if not started:  # the outer error middleware answers 500
+                self.metrics.response(endpoint, 500)
+            raise
+
+
 # --------------------------------------------------------------------------- the app
 def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int | None = None,
                warmup: bool = True) -> FastAPI:
     """The FastAPI app serving ``llm`` under ``model_name``. ``app.state.scheduler`` exposes the
-    queue, its counters and its arrival/start/finish order."""
+    queue, its counters, its arrival/start/finish order and its `Metrics`."""
     scheduler = Scheduler(llm, queue_size, warmup)
     body_limit = max_body_bytes or max(BYTES_PER_CONTEXT_TOKEN * llm.context_length, 1 << 16)
     started = int(time.time())
+    logged_fields: set[str] = set()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -135,6 +121,7 @@ def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int |
     app = FastAPI(title="orl", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.scheduler = scheduler
     app.state.model_name = model_name
+    app.add_middleware(StatusCounter, metrics=scheduler.metrics)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -147,77 +134,170 @@ def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int |
         return error_response(500, f"internal server error ({type(exc).__name__}); the server is still running",
                               "server_error")
 
+    def ignored(req) -> dict:
+        """The X-Ignored-Fields header for ``req``'s unknown fields (logged once per name), or {}."""
+        names = unknown_fields(req)
+        if not names:
+            return {}
+        shown = [f if _PLAIN_NAME.fullmatch(f) else json.dumps(f) for f in names]  # others quoted, ASCII
+        new = [f for f in dict.fromkeys(shown) if f not in logged_fields]
+        if new and len(logged_fields) < _MAX_LOGGED_FIELDS:
+            logged_fields.update(new)
+            log.warning("ignoring request fields this server does not know: %s (logged once per name; each "
+                        "response names them in its %s header)", ", ".join(new), IGNORED_HEADER)
+        value = ", ".join(shown)
+        return {IGNORED_HEADER: value if len(value) <= 1000 else value[:997] + "..."}
+
+    def not_served(name: str, headers: dict | None = None) -> JSONResponse:
+        return error_response(404, f"model {name!r} does not exist; this server serves {model_name!r} "
+                                   "(see GET /v1/models)", param="model", code="model_not_found", headers=headers)
+
+    def card() -> dict:
+        return {"id": model_name, "object": "model", "created": started, "owned_by": "orl",
+                "max_model_len": llm.context_length}
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "ready": scheduler.ready.is_set(), "running": scheduler.running is not None,
                 "waiting": scheduler.waiting(), "queue_size": queue_size, "counts": dict(scheduler.counts)}
 
+    @app.get("/metrics")
+    async def metrics():
+        return Response(scheduler.metrics.prometheus(scheduler), media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
-                                            "owned_by": "orl", "max_model_len": llm.context_length}]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        return card() if model_id == model_name else not_served(model_id)
+
+    async def body_of(request: Request, schema):
+        """(validated body, headers) or an error response."""
+        try:
+            req = (parse_request if schema in (CompletionRequest, ChatRequest) else parse_body)(
+                await _read_body(request, body_limit), request.headers.get("content-type"), schema)
+        except ClientDisconnect:  # gone before sending its whole body: nobody to answer
+            return Response(status_code=499), None
+        except RequestError as e:
+            return error_response(e.status, str(e), param=e.param, code=e.code), None
+        return req, ignored(req)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req, headers = await body_of(request, TokenizeRequest)
+        if headers is None:
+            return req
+        if req.model is not None and req.model != model_name:
+            return not_served(req.model, headers)
+        if (req.prompt is None) == (req.messages is None):
+            return error_response(400, "send exactly one of prompt (text) or messages (a chat)", param="prompt",
+                                  headers=headers)
+        prompt = req.prompt_value()
+        try:
+            ids = await run_in_threadpool(lambda: llm.tokenize(
+                prompt, add_special_tokens=bool(req.add_special_tokens),
+                add_generation_prompt=req.add_generation_prompt is not False))
+        except ValueError as e:
+            return error_response(400, str(e), param="prompt" if req.prompt is not None else "messages",
+                                  headers=headers)
+        return JSONResponse({"count": len(ids), "max_model_len": llm.context_length, "tokens": ids,
+                             "token_strs": llm.token_pieces(ids) if req.return_token_strs else None},
+                            headers=headers)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req, headers = await body_of(request, DetokenizeRequest)
+        if headers is None:
+            return req
+        if req.model is not None and req.model != model_name:
+            return not_served(req.model, headers)
+        try:
+            text = await run_in_threadpool(llm.detokenize, req.tokens)
+        except ValueError as e:
+            return error_response(400, str(e), param="tokens", headers=headers)
+        return JSONResponse({"prompt": text}, headers=headers)
 
     async def handle(request: Request, schema) -> object:
-        try:
-            req = parse_request(await _read_body(request, body_limit), request.headers.get("content-type"), schema)
-        except ClientDisconnect:  # gone before sending its whole body: nobody to answer
-            return Response(status_code=499)
-        except RequestError as e:
-            return error_response(e.status, str(e), param=e.param, code=e.code)
+        req, headers = await body_of(request, schema)
+        if headers is None:
+            return req
         if req.model != model_name:
-            return error_response(404, f"model {req.model!r} does not exist; this server serves {model_name!r} "
-                                       "(see GET /v1/models)", param="model", code="model_not_found")
+            return not_served(req.model, headers)
         chat = schema is ChatRequest
-        prompt = req.prompt_value()
-        prompt_param = "messages" if chat else "prompt"
-        try:  # tokenising a long prompt must not block the event loop
-            n_prompt = await run_in_threadpool(llm.count_tokens, prompt)
-            max_tokens = req.max_tokens_value()
-            if max_tokens is None:
-                max_tokens = min(256, llm.max_new_tokens_fit(n_prompt)) or 1
-            llm.check_lengths(n_prompt, max_tokens)
-        except ValueError as e:
-            param = getattr(e, "param", "prompt")
-            param = prompt_param if param == "prompt" else req.max_tokens_param()
-            return error_response(400, str(e), param=param,
-                                  code="context_length_exceeded" if hasattr(e, "param") else None)
+        prompts, params = req.prompts(), req.prompt_params()
+        echo = bool(getattr(req, "echo", False))
+
+        def count():  # tokenising long prompts must not block the event loop
+            counts, texts = [], []
+            for p, param in zip(prompts, params):
+                try:
+                    counts.append(llm.count_tokens(p))
+                    texts.append((p if isinstance(p, str) else llm.detokenize(p)) if echo else None)
+                except ValueError as e:
+                    return param, e
+            return counts, texts
+
+        counted = await run_in_threadpool(count)
+        if isinstance(counted[0], str):
+            param, e = counted
+            return error_response(400, str(e), param=param, code=getattr(e, "code", None), headers=headers)
+        counts, texts = counted
+        max_tokens = req.max_tokens_value()
+        if max_tokens is None:
+            max_tokens = min(256, min(llm.max_new_tokens_fit(c) for c in counts)) or 1
+        for c, param in zip(counts, params):
+            try:
+                if max_tokens > 0:  # 0: echo only, nothing decoded
+                    llm.check_lengths(c, max_tokens)
+            except ValueError as e:
+                return error_response(400, str(e), param=param if e.param == "prompt" else req.max_tokens_param(),
+                                      code="context_length_exceeded", headers=headers)
         if req.top_p is not None:
             try:  # the family must take it (DiffusionGemma's rule samples its own schedule)
                 dataclasses.replace(llm.decode_config, top_p=req.top_p)
             except ValueError as e:
-                return error_response(400, str(e), param="top_p")
-        job = Job(kwargs=dict(prompt=prompt, max_new_tokens=max_tokens, temperature=req.temperature_value(),
-                              stop=req.stop, seed=req.seed, ignore_eos=bool(req.ignore_eos), n=req.n or 1,
-                              top_p=req.top_p),
-                  loop=asyncio.get_running_loop(), tag=req.user)
+                return error_response(400, str(e), param="top_p", headers=headers)
+        n = req.n or 1
+        shape = Shape(chat, model_name, n=n, echo=texts if echo else None, strings=llm.token_strings)
+        if max_tokens == 0:
+            from .llm import Generation  # noqa: PLC0415 - loaded with the LLM already
+            return JSONResponse(shape.full([Generation("", [], "length", 0.0, 0.0, 0, 0, 0.0, 0.0, c, 0)
+                                            for c in counts for _ in range(n)]), headers=headers)
+        job = Job(kwargs=dict(max_new_tokens=max_tokens, temperature=req.temperature_value(), stop=req.stop,
+                              seed=req.seed, ignore_eos=bool(req.ignore_eos), top_p=req.top_p,
+                              logprobs=req.logprobs_k()),
+                  loop=asyncio.get_running_loop(), tag=req.user, prompts=prompts, n=n)
         try:
             scheduler.submit(job)
         except QueueFull:
             wait = scheduler.retry_after()
             return error_response(429, f"the server is busy: {queue_size} requests already wait for the single "
                                        f"decoder; retry in about {wait} s", "rate_limit_error", code="queue_full",
-                                  headers={"Retry-After": str(wait)})
-        shape = _Shape(chat, model_name)
+                                  headers={"Retry-After": str(wait), **headers})
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_stream(job, shape, usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _wait(request, job, shape)
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        return await _wait(request, job, shape, headers)
 
-    async def _stream(job: Job, shape: _Shape, include_usage: bool):
+    async def _stream(job: Job, shape: Shape, include_usage: bool):
         done = False
         try:
             if shape.chat:
                 yield _sse(shape.chunk(role=True))
+            if shape.echo and shape.echo[0]:
+                yield _sse(shape.chunk(shape.echo[0]))
             while True:
                 kind, payload = await job.events.get()
                 if kind == "text":
                     yield _sse(shape.chunk(payload))
                     continue
                 if kind == "done":
-                    yield _sse(shape.chunk(finish=payload.finish_reason))
+                    yield _sse(shape.chunk(finish=payload[0].finish_reason))
                     if include_usage:
-                        yield _sse(shape.usage_chunk(payload))
+                        yield _sse(shape.usage_chunk(payload[0]))
                 elif kind == "error":
                     yield _sse({"error": {"message": f"decoding failed ({type(payload).__name__})",
                                           "type": "server_error", "param": None, "code": None}})
@@ -228,7 +308,7 @@ def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int |
             if not done:
                 scheduler.cancel(job)
 
-    async def _wait(request: Request, job: Job, shape: _Shape):
+    async def _wait(request: Request, job: Job, shape: Shape, headers: dict):
         while True:
             try:
                 kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
@@ -238,7 +318,7 @@ def create_app(llm, model_name: str, queue_size: int = 16, max_body_bytes: int |
                     return error_response(499, "client closed the request", code="client_closed")
                 continue
             if kind == "done":
-                return JSONResponse(shape.full(payload))
+                return JSONResponse(shape.full(payload), headers=headers)
             if kind == "error":
                 return error_response(500, f"decoding failed ({type(payload).__name__}); the server is still "
                                            "running", "server_error")
@@ -503,6 +583,8 @@ def cli(argv: list[str] | None = None) -> int:
     g.add_argument("--backlog", type=int, default=d.backlog, help=f"accept queue length (default {d.backlog})")
     add_llm_args(ap)
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--explore", action="store_true", help="also serve GET /explore, the decode explorer page "
+                    "for the served model (orl.explore.route; off by default)")
     args = ap.parse_args(argv)
 
     from ..decode import DecodeConfig  # noqa: PLC0415
@@ -524,5 +606,8 @@ def cli(argv: list[str] | None = None) -> int:
     validate(llm.decode_config)  # the protocol's ranges, before the warm-up decode would trip on one
     app = create_app(llm, args.served_model_name or args.model, queue_size=args.queue_size,
                      max_body_bytes=args.max_body_bytes)
+    if args.explore:
+        from ..explore.route import add_explore_route  # noqa: PLC0415
+        add_explore_route(app, llm, args.served_model_name or args.model)
     uvicorn.Server(server_config(app, limits, host=args.host, port=args.port, log_level=args.log_level)).run()
     return 0
