@@ -1,7 +1,9 @@
 """Tokenizers for `orl`, built offline: the real Qwen3 tokenizer and a tiny character tokenizer.
 
 This module owns turning a name ("qwen3", "char" or a saved directory) into a `transformers`
-tokenizer whose mask token is set, and the on-disk cache of the Qwen3 build. Every magic id
+tokenizer whose mask token is set, the choice of the bundled tokenizer that fits a model's
+vocabulary and mask id (`tokenizer_for`: what a named size or a checkpoint without tokenizer files
+gets, or a clear error where none is bundled), and the on-disk cache of the Qwen3 build. Every magic id
 the rest of `orl` needs (mask, EOS, pad) is read from the tokenizer it returns, never written
 as a literal elsewhere (docs/STYLE.md convention 14).
 
@@ -18,6 +20,7 @@ resizing (see `orl.model`), and any network access: nothing here touches the Hub
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import string
@@ -25,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import CONFIG_MAPPING, AutoTokenizer, PreTrainedTokenizerFast, PretrainedConfig
 
 # Qwen3's added tokens in id order, starting right after the 151,643 BPE ranks.
 QWEN3_SPECIAL_TOKENS = (
@@ -59,6 +62,11 @@ DEFAULT_ALPHABET = (
     string.digits + "+-*/=" + " \n" + string.ascii_letters + ".,:;?!'\"()$%#<>_"
 )
 ACCEPTED_NAMES = ("qwen3", "char", "<path to a saved tokenizer directory>")
+QWEN3_VOCAB = 151_936   # Qwen3's (and SDAR's) embedding rows: the tokenizer's 151 670 ids, padded
+CHAR_VOCAB_MAX = 1_000  # a model vocabulary below this is a character-level one (the tiny sizes)
+# Real vocabularies whose tokenizers orl cannot build offline: they ship with their checkpoints.
+UNBUNDLED = {157_184: "LLaDA-2.x's (Ling's) tokenizer, <|mask|> = 156895",
+             262_144: "Gemma's tokenizer (DiffusionGemma)"}
 
 
 def qwen_tiktoken_path() -> str:
@@ -161,6 +169,22 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
     return tok
 
 
+def tokenizer_for(vocab_size: int, mask_token_id: int | None) -> str:
+    """The bundled tokenizer ("qwen3" or "char") whose vocabulary and mask id fit a model with this
+    vocabulary size and mask id (None: uniform-noise diffusion, no mask token): Qwen3's for Qwen3's
+    vocabulary with <|MASK|> = 151669; the character tokenizer for a small vocabulary (the caller
+    sizes a random model to it). Anything else is a ValueError saying which tokenizer the model
+    needs and how to pass it."""
+    if vocab_size == QWEN3_VOCAB and mask_token_id in (None, QWEN3_MASK_ID):
+        return "qwen3"
+    if vocab_size < CHAR_VOCAB_MAX:
+        return "char"
+    known = f" ({UNBUNDLED[vocab_size]})" if vocab_size in UNBUNDLED else ""
+    raise ValueError(f"no tokenizer bundled with orl matches a vocabulary of {vocab_size} with mask id "
+                     f"{mask_token_id}{known}: pass tokenizer=<directory with the model's own tokenizer> "
+                     "(a checkpoint directory's tokenizer files are used automatically)")
+
+
 def load_tokenizer(name_or_path: str):
     """"qwen3" -> cached Qwen3; "char" -> default character tokenizer; a directory -> reload it."""
     if name_or_path == "qwen3":
@@ -168,8 +192,23 @@ def load_tokenizer(name_or_path: str):
     if name_or_path == "char":
         return build_char_tokenizer()
     if os.path.isdir(name_or_path):
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, **_config_kw(name_or_path))
     raise ValueError(f"Unknown tokenizer {name_or_path!r}: use one of {', '.join(ACCEPTED_NAMES)}.")
+
+
+def _config_kw(path: str) -> dict:
+    """``config=`` for AutoTokenizer where the directory's config.json is of a model type transformers
+    has no class for (``llada2_moe``, orl's former ``orl``): the tokenizer's own files name its class,
+    and transformers would otherwise warn while reading config.json as a generic one."""
+    p = os.path.join(path, "config.json")
+    if not os.path.exists(p):
+        return {}
+    try:
+        with open(p) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {} if model_type in CONFIG_MAPPING else {"config": PretrainedConfig()}
 
 
 def mask_token_id(tok) -> int:

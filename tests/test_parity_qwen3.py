@@ -32,7 +32,7 @@ def test_qwen3_logits_match_transformers():
         ref = _reference(tie)
         with tempfile.TemporaryDirectory() as d:
             ref.save_pretrained(d)
-            ours = load_pretrained(d).eval()
+            ours = load_pretrained(d, mask_token_id=255, block_size=4).eval()  # a causal Qwen3 has neither
         tokens = torch.randint(0, 256, (2, 23), generator=torch.Generator().manual_seed(1))
         T = tokens.shape[1]
         # causal == block-causal with one block per token (prompt-style block ids)

@@ -81,6 +81,12 @@ class ModelConfig:
     pathway_post_norm: bool = False          # DiffusionGemma: RMSNorm_noscale(E[x] + u)
     pathway_where: str = "unresolved"        # "unresolved" or "canvas" (every block position)
     extra: dict = field(default_factory=dict)
+    # --- where the weights came from (not part of the architecture: ignored by ==) ---
+    # The family-format JSON files a checkpoint was loaded from ({"config.json": {...},
+    # "generation_config.json": {...}}), so that saving writes the same format back with the fields
+    # orl does not model (model_type, architectures, auto_map, token ids). None: the family's default
+    # format (docs/formats.md; `orl.model.checkpoint`).
+    source: dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -2,11 +2,13 @@
 
 Owns loading (a checkpoint directory or a named size with random weights), the tokenizer, the
 decoding protocol of the model's family and role, and the request-level work around one decode:
-prompt encoding (plain text or chat messages through the tokenizer's chat template), length
-checks against the context, incremental detokenisation as blocks commit (the text of a block is
-released only once it cannot change and cannot be the start of a stop string), stop strings,
-cancellation at block boundaries, and the per-request numbers (TPF with and without the commit
-pass, forwards, latency, tokens/s).
+prompt encoding (plain text, chat messages through the tokenizer's chat template, or token ids;
+an empty prompt is an `EmptyPromptError`), length checks against the context, incremental
+detokenisation as blocks commit (the text of a block is released only once it cannot change and
+cannot be the start of a stop string), stop strings, cancellation at block boundaries, the
+per-token log-probabilities a request may ask for (``logprobs``: each token's at the denoising
+step that committed it, `_committed_logprobs`), and the per-request numbers (TPF with and without
+the commit pass, forwards, latency, tokens/s).
 
 Does not own: the denoising loop (`orl.decode`), HTTP or queueing (`orl.serve.server`), or
 batching: one request decodes at a time. Every decode goes through `LLM._decode`, which picks the
@@ -23,7 +25,10 @@ What "the same result" means differs by family:
     Driven by the same stream (``rng=CounterRNG(seed)``), the reference decoder gives the
     runtime's tokens, rounds and forwards (tests/test_llm_dgemma_engine.py).
 Stop strings, EOS, streaming and cancellation are this object's work on the blocks either decoder
-hands back (``on_block``), so they behave the same whichever decoder runs.
+hands back (``on_block``), so they behave the same whichever decoder runs. A request for
+log-probabilities runs on the reference decoder (the runtime captures only a top-k, which may miss
+a sampled token), traced with every step's logits; one the runtime would have run is driven by
+the runtime's counter stream, so it gets the runtime's text.
 """
 from __future__ import annotations
 
@@ -42,22 +47,31 @@ from ..decode import DecodeConfig, DecodeOutput, decode, protocol
 from ..decode.rng import CounterRNG, TorchRNG
 from ..decode.tpf import tpf
 from ..model import build_model, find_size, load_pretrained
-from ..tokenizer import load_tokenizer
+from ..tokenizer import CHAR_VOCAB_MAX, load_tokenizer, tokenizer_for
 
-Prompt = str | list[dict]
+Prompt = str | list[dict] | list[int]  # text, chat messages, or token ids
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-CHAR_SIZES = ("tiny", "small")  # named sizes whose vocabulary is the character tokenizer's
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINES = ("auto", "reference", "runtime")
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's and vLLM's cap)
 
 
 class ContextLengthError(ValueError):
     """A prompt or token budget that does not fit the context. ``param`` is "prompt" or
     "max_new_tokens": the argument the caller should change."""
 
+    code = "context_length_exceeded"  # the server's error code
+
     def __init__(self, message: str, param: str):
         super().__init__(message)
         self.param = param
+
+
+class EmptyPromptError(ValueError):
+    """A prompt with nothing in it (no text, no token ids, messages that render to nothing): a
+    block-diffusion decoder needs at least one committed token to attend to."""
+
+    param, code = "prompt", "empty_prompt"
 
 
 @dataclass
@@ -73,6 +87,11 @@ class Generation:
     latency_s: float
     prompt_tokens: int
     completion_tokens: int
+    # ``logprobs`` requests only, one entry per completion token: its log-probability under the
+    # model's distribution (log-softmax of the raw logits: temperature 1, no top_p) at the
+    # denoising step that committed it, and the k most probable (token id, log-probability) there
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -118,7 +137,9 @@ class LLM:
             self.model = load_pretrained(model, dtype=dt, device=device)
             if tokenizer is None:
                 has_files = any(os.path.exists(os.path.join(model, f)) for f in TOKENIZER_FILES)
-                tokenizer = model if has_files else ("char" if self.model.config.vocab_size < 1000 else "qwen3")
+                mc = self.model.config  # no tokenizer files: the bundled one that fits, or a clear error
+                mask = mc.mask_token_id if mc.noise == "mask" else None
+                tokenizer = model if has_files else tokenizer_for(mc.vocab_size, mask)
             self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         else:
             try:
@@ -126,10 +147,10 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"model {model!r} is neither a checkpoint directory nor a named size: {e}") \
                     from None
-            if tokenizer is None:
-                tokenizer = "char" if model.rsplit("/", 1)[-1] in CHAR_SIZES else "qwen3"
+            if tokenizer is None:  # the bundled tokenizer of the size's vocabulary and mask id, or a clear error
+                tokenizer = tokenizer_for(cfg.vocab_size, cfg.mask_token_id if cfg.noise == "mask" else None)
             self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-            if model.rsplit("/", 1)[-1] in CHAR_SIZES:  # random weights sized to the tokenizer
+            if cfg.vocab_size < CHAR_VOCAB_MAX:  # a tiny size: random weights sized to the tokenizer
                 over = {"vocab_size": len(self.tokenizer)}
                 if cfg.noise == "mask":
                     over["mask_token_id"] = self.tokenizer.mask_token_id
@@ -163,33 +184,73 @@ class LLM:
         return self.decode_config.block_size
 
     # ------------------------------------------------------------------ prompts and lengths
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Prompt ids: text as is, or chat messages rendered with the tokenizer's chat template."""
-        if isinstance(prompt, str):
-            text = prompt
-        elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+    def tokenize(self, prompt: Prompt, *, add_special_tokens: bool = False,
+                 add_generation_prompt: bool = True) -> list[int]:
+        """The ids of ``prompt`` as given: text, chat messages rendered with the tokenizer's chat
+        template (``add_generation_prompt``: the assistant's opening after them), or token ids
+        (checked against the vocabulary). Generation never adds special tokens; ``/tokenize`` may ask
+        for them. No length or emptiness checks (`encode` makes those)."""
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError("this tokenizer has no chat template; send a plain text prompt instead")
-            if not prompt:
-                raise ValueError("messages is empty; send at least one message")
             try:
                 with self._tok_lock:
-                    text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+                    text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=add_generation_prompt,
+                                                              tokenize=False)
             except Exception as e:  # jinja errors of a template that rejects these messages
                 raise ValueError(f"the chat template cannot render these messages: {e}") from None
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            V = self.model.config.vocab_size
+            for i, t in enumerate(prompt):
+                if not 0 <= t < V:
+                    raise ValueError(f"prompt token id {t} (position {i}) is outside the vocabulary [0, {V})")
+            return list(prompt)
+        elif isinstance(prompt, str):
+            text = prompt
         else:
-            raise ValueError(f"prompt must be a string or a list of message dicts, got {type(prompt).__name__}")
+            raise ValueError("prompt must be a string, a list of message dicts or a list of token ids, got "
+                             f"{type(prompt).__name__}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise ValueError(f"the prompt is not valid Unicode text ({e.reason} at character {e.start})") from None
         with self._tok_lock:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if not ids:  # the decoder needs at least one committed token to attend to
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Prompt ids as generation uses them (`tokenize`); an empty prompt is an `EmptyPromptError`."""
+        ids = self.tokenize(prompt)
+        if ids:
+            return ids
+        if isinstance(prompt, str) and prompt:  # text the tokenizer maps to no token at all
             if self.tokenizer.bos_token_id is None:
-                raise ContextLengthError("the prompt is empty (0 tokens); send some text", "prompt")
-            ids = [self.tokenizer.bos_token_id]
-        return ids
+                raise EmptyPromptError(f"the prompt {prompt[:40]!r} encodes to no tokens; send other text")
+            return [self.tokenizer.bos_token_id]
+        if isinstance(prompt, str):
+            raise EmptyPromptError("the prompt is empty; send some text (or token ids)")
+        if prompt:
+            raise EmptyPromptError("the messages render to an empty prompt (every content is empty and the chat "
+                                   "template adds nothing); send some text")
+        raise EmptyPromptError("the prompt is empty (no messages, no token ids); send at least one")
+
+    def detokenize(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids`` (special tokens kept unless ``skip_special_tokens``: a round trip of `tokenize`)."""
+        V = self.model.config.vocab_size
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V:
+                raise ValueError(f"token id {t!r} (position {i}) is outside the vocabulary [0, {V})")
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's own text (special tokens spelt out), as log-probabilities name the tokens."""
+        with self._tok_lock:
+            return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+    def token_pieces(self, ids: list[int]) -> list[str]:
+        """Each id's vocabulary entry (e.g. byte-level BPE's 'Ġhello'), as vLLM's /tokenize reports them."""
+        with self._tok_lock:
+            return [str(p) for p in self.tokenizer.convert_ids_to_tokens(ids)]
 
     def count_tokens(self, prompt: Prompt) -> int:
         return len(self.encode(prompt))
@@ -248,15 +309,18 @@ class LLM:
         return mcfg.noise == "mask" and cfg.rule in ("threshold", "topk", "llada")
 
     def _decode(self, prompt_ids: list[int], cfg: DecodeConfig, eos_ids: list[int], seed: int | None,
-                on_block: Callable, rows: int = 1) -> DecodeOutput:
+                on_block: Callable, rows: int = 1, trace_logits: bool = False) -> DecodeOutput:
         """The one call into a decoder: the runtime when `uses_runtime`, else the reference decoder,
         for ``rows`` samples of the prompt (one launch per block for all of them on the runtime).
         ``seed`` None: fresh random numbers from torch's global RNG (so torch.manual_seed still
         makes an unseeded sampled request reproducible, with either decoder); on the counter stream
-        row r draws from seed + r."""
+        row r draws from seed + r. ``trace_logits`` (log-probability requests): the reference
+        decoder with every step's logits in the output's trace; a request the runtime would run is
+        driven by the runtime's counter stream, so its text is the runtime's (module docstring)."""
         prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            if self.uses_runtime(cfg, len(prompt_ids)):
+            runtime = self.uses_runtime(cfg, len(prompt_ids))
+            if runtime and not trace_logits:
                 rt = self._runtimes.get(rows)
                 if rt is None:  # one runtime per batch size, kept (graphs and cache are per shape)
                     from ..engine.runtime import Runtime  # noqa: PLC0415 - only when used
@@ -265,15 +329,20 @@ class LLM:
                     if rows == 1:
                         self._runtime = rt
                 return rt.decode(prompt, cfg, eos_ids=eos_ids, on_block=on_block, seed=_counter_seed(seed, rows))
-            if self.rng == "counter":
+            if self.rng == "counter" or runtime:
                 rng = CounterRNG(_counter_seed(seed, rows))
             else:
                 rng = TorchRNG(torch.Generator().manual_seed(seed) if seed is not None else None)
-            return decode(self.model, prompt.expand(rows, -1), cfg, eos_ids=eos_ids, rng=rng, on_block=on_block)
+            return decode(self.model, prompt.expand(rows, -1), cfg, eos_ids=eos_ids, rng=rng, on_block=on_block,
+                          trace=trace_logits, trace_logits=trace_logits)
 
-    def _request(self, prompt, max_new_tokens: int, temperature, stop, ignore_eos: bool, top_p=None):
+    def _request(self, prompt, max_new_tokens: int, temperature, stop, ignore_eos: bool, top_p=None,
+                 logprobs: int | None = None):
         """(prompt ids, DecodeConfig, EOS ids, stop strings) of one request, validated (``top_p``
         None: the protocol's)."""
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {logprobs!r}")
         ids = self.encode(prompt)
         self.check_lengths(len(ids), max_new_tokens)
         if temperature is None:
@@ -287,26 +356,34 @@ class LLM:
                                   **({} if top_p is None else {"top_p": top_p}))
         return ids, cfg, ([] if ignore_eos else self.eos_ids), stops
 
-    def _timed_decode(self, ids, cfg: DecodeConfig, eos, seed, on_block, rows: int):
-        """`_decode` and its wall time; greedy decoding without a seed uses seed 0."""
+    def _timed_decode(self, ids, cfg: DecodeConfig, eos, seed, on_block, rows: int, logprobs: int | None = None):
+        """`_decode` and its wall time; greedy decoding without a seed uses seed 0. ``logprobs`` (k):
+        also each row's `_committed_logprobs` (None: not asked for)."""
         if seed is None and cfg.temperature == 0:
             seed = 0
         t0 = time.perf_counter()
-        out = self._decode(ids, cfg, eos, seed, on_block, rows=rows)
-        return out, time.perf_counter() - t0
+        out = self._decode(ids, cfg, eos, seed, on_block, rows=rows, trace_logits=logprobs is not None)
+        lps = None
+        if logprobs is not None:
+            lps = _committed_logprobs(out, min(logprobs, self.model.config.vocab_size))
+            out.trace = []  # the logits of every step: let them go now
+        return out, time.perf_counter() - t0, lps
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                  stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
                  on_text: Callable[[str], object] | None = None,
-                 cancel: threading.Event | None = None, top_p: float | None = None) -> Generation:
+                 cancel: threading.Event | None = None, top_p: float | None = None,
+                 logprobs: int | None = None) -> Generation:
         """Decode one prompt (text or chat messages). ``temperature=None`` keeps the protocol's;
         greedy decoding without a ``seed`` uses seed 0, so it is deterministic for every family
         (DiffusionGemma draws its starting canvas at random even when greedy; its text for a seed
         depends on the decoder, see the module docstring).
         ``ignore_eos`` decodes the whole budget (benchmarks). ``on_text(delta)`` receives text as
         blocks commit (returning False cancels); ``cancel``, set by another thread, stops the
-        decode at the next block boundary. ``top_p`` (sampling, mask rules): the nucleus; None: the protocol's."""
-        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p)
+        decode at the next block boundary. ``top_p`` (sampling, mask rules): the nucleus; None: the protocol's.
+        ``logprobs`` k (0..20): the Generation's ``logprobs`` and ``top_logprobs`` (k per token); the
+        decode then runs on the reference decoder holding each step's logits (K x V floats a step)."""
+        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p, logprobs)
         text = _IncrementalText(self._text, max_new_tokens, eos, stops)
         flags = {"cancelled": False}
 
@@ -320,20 +397,22 @@ class LLM:
                 flags["cancelled"] = True
             return not (flags["cancelled"] or text.stopped or text.full)
 
-        out, latency = self._timed_decode(ids, cfg, eos, seed, on_block, 1)
+        out, latency, lps = self._timed_decode(ids, cfg, eos, seed, on_block, 1, logprobs)
         emit(text.flush())
-        return _generation(text, out, 0, flags["cancelled"], latency, len(ids))
+        return _generation(text, out, 0, flags["cancelled"], latency, len(ids), lps)
 
     def generate_n(self, prompt: Prompt, n: int, max_new_tokens: int = 256, temperature: float | None = 0.0,
                    stop: str | list[str] | None = None, seed: int | None = None, *, ignore_eos: bool = False,
-                   cancel: threading.Event | None = None, top_p: float | None = None) -> list[Generation]:
+                   cancel: threading.Event | None = None, top_p: float | None = None,
+                   logprobs: int | None = None) -> list[Generation]:
         """``n`` samples of one prompt in one decode (OpenAI's ``n``): the runtime decodes the n rows
         in one launch per block (prefilling the prompt once), the reference decoder as n rows. Each
         sample has its own stop strings, EOS and finish reason; forwards and TPF are per sample,
-        latency the decode's. ``cancel`` stops all of them at the next block boundary."""
-        if not isinstance(n, int) or n < 1:
+        latency the decode's. ``cancel`` stops all of them at the next block boundary. ``logprobs``
+        as in `generate`, per sample."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p)
+        ids, cfg, eos, stops = self._request(prompt, max_new_tokens, temperature, stop, ignore_eos, top_p, logprobs)
         texts = [_IncrementalText(self._text, max_new_tokens, eos, stops) for _ in range(n)]
         flags = {"cancelled": False}
 
@@ -344,10 +423,10 @@ class LLM:
                 flags["cancelled"] = True
             return not (flags["cancelled"] or all(t.stopped or t.full for t in texts))
 
-        out, latency = self._timed_decode(ids, cfg, eos, seed, on_block, n)
+        out, latency, lps = self._timed_decode(ids, cfg, eos, seed, on_block, n, logprobs)
         for t in texts:
             t.flush()
-        return [_generation(t, out, r, flags["cancelled"], latency, len(ids)) for r, t in enumerate(texts)]
+        return [_generation(t, out, r, flags["cancelled"], latency, len(ids), lps) for r, t in enumerate(texts)]
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 256, temperature: float | None = 0.0,
                stop: str | list[str] | None = None, seed: int | None = None, *,
@@ -360,9 +439,10 @@ class LLM:
 
 
 def _generation(text: "_IncrementalText", out: DecodeOutput, r: int, cancelled: bool, latency: float,
-                n_prompt: int) -> Generation:
+                n_prompt: int, lps: tuple | None = None) -> Generation:
     """Row ``r`` of a decode as a `Generation`: its text (stop strings cut), finish reason, forwards
-    and TPF (`orl.decode.tpf`), and the decode's latency."""
+    and TPF (`orl.decode.tpf`), the decode's latency, and (``lps``: `_committed_logprobs`) the
+    log-probabilities of its completion tokens (a prefix of the row's blocks)."""
     if text.stopped or text.hit_eos:
         finish = "stop"
     elif cancelled and out.finish_reason[r] == "cancelled" and not text.full:
@@ -371,10 +451,53 @@ def _generation(text: "_IncrementalText", out: DecodeOutput, r: int, cancelled: 
         finish = "length"
     completion = text.completion_ids()
     f, fnc = out.forwards(r, True), out.forwards(r, False)
+    lp = top = None
+    if lps is not None:
+        lp, top = lps[0][r][:len(completion)], lps[1][r][:len(completion)]
     return Generation(text=text.text, token_ids=completion, finish_reason=finish,
                       tpf=tpf(len(out.tokens[r]), f) or 0.0, tpf_no_commit=tpf(len(out.tokens[r]), fnc) or 0.0,
                       forwards=f, forwards_no_commit=fnc, request_tps=len(completion) / max(latency, 1e-9),
-                      latency_s=latency, prompt_tokens=n_prompt, completion_tokens=len(completion))
+                      latency_s=latency, prompt_tokens=n_prompt, completion_tokens=len(completion),
+                      logprobs=lp, top_logprobs=top)
+
+
+def _committed_logprobs(out: DecodeOutput, k: int) -> tuple[list[list[float]], list[list[list[tuple[int, float]]]]]:
+    """Per row of a decode traced with logits: for each token of its blocks (``block_tokens``), the
+    log-probability the model gave it at the denoising step that last wrote it -- the step that
+    committed it; for LLaDA's editing the step of the last edit, for DiffusionGemma the step that
+    stopped the block -- as log-softmax of that step's raw logits (temperature 1, before top_p:
+    the model's distribution, not the sampler's), and the k most probable (id, log p) at that step.
+    A position no step committed (a rule that ran out of steps) gets NaN and no alternatives.
+    Shapes: the trace's logits (B, K, V) and committed (B, K) per step."""
+    K, B = out.block_size, len(out.block_tokens)
+    lps: list[list[float]] = [[] for _ in range(B)]
+    tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(B)]
+    by_block: dict[int, list] = {}
+    for rec in out.trace:
+        by_block.setdefault(rec.block, []).append(rec)
+    for b in sorted(by_block):
+        rows = [r for r in range(B) if len(out.block_tokens[r]) >= (b + 1) * K]
+        if not rows:
+            continue
+        recs = by_block[b]
+        dev = recs[0].logits.device
+        sel = torch.tensor(rows, device=dev)
+        tok = torch.tensor([out.block_tokens[r][b * K:(b + 1) * K] for r in rows], device=dev)  # (R, K)
+        val = torch.full(tok.shape, float("nan"), device=dev)
+        top_v = torch.zeros(*tok.shape, k, device=dev)
+        top_i = torch.full((*tok.shape, k), -1, dtype=torch.long, device=dev)
+        for rec in recs:
+            lsm = torch.log_softmax(rec.logits[sel].float(), -1)            # (R, K, V)
+            c = rec.committed[sel]                                          # (R, K)
+            val = torch.where(c, lsm.gather(-1, tok[..., None]).squeeze(-1), val)
+            if k:
+                v, i = lsm.topk(k, -1)
+                top_v, top_i = torch.where(c[..., None], v, top_v), torch.where(c[..., None], i, top_i)
+        val, top_v, top_i = val.cpu().tolist(), top_v.cpu().tolist(), top_i.cpu().tolist()
+        for j, r in enumerate(rows):
+            lps[r] += val[j]
+            tops[r] += [[(i, v) for i, v in zip(ids, vs) if i >= 0] for ids, vs in zip(top_i[j], top_v[j])]
+    return lps, tops
 
 
 def _dgemma_runtime_fits(mcfg) -> bool:

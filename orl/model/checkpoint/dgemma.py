@@ -1,11 +1,16 @@
 """DiffusionGemma checkpoints (transformers ``DiffusionGemmaForBlockDiffusion``) in our one model.
 
-Owns: translating a DiffusionGemma ``config.json`` into `ModelConfig` (`config_from_dgemma`), and
-the key mapping between HF's checkpoint and our parameter names in both directions
-(`dgemma_to_ours`, `ours_to_dgemma`). The numerics that make the result equal to HF live in the
-model as configuration (docs/diffusiongemma-spec.md; `config.DGEMMA_OPTIONS`).
-Does not own: reading/writing files or validation (`orl.model.checkpoint.files`), the vision tower (text only:
-its keys are ignored).
+Owns: translating a DiffusionGemma ``config.json`` into `ModelConfig` and back
+(`config_from_dgemma`, `config_to_dgemma`), and the key mapping between HF's checkpoint and our
+parameter names in both directions (`dgemma_to_ours`, `ours_to_dgemma`). What we save loads in
+transformers as ``DiffusionGemmaForBlockDiffusion`` with the same logits (tests/test_formats.py).
+The numerics that make the result equal to HF live in the model as configuration
+(docs/diffusiongemma-spec.md; `config.DGEMMA_OPTIONS`).
+Does not own: reading/writing files or validation (`orl.model.checkpoint.files`), the vision tower
+(text only: its keys are ignored on load and not written on save; a model loaded from a
+DiffusionGemma checkpoint keeps that checkpoint's ``vision_config``, one without gets a minimal
+placeholder, `PLACEHOLDER_VISION`, so that transformers builds a small, randomly initialised tower
+it never uses for text).
 
 HF's encoder (causal, writes the KV cache) and decoder (canvas, reads it) share every text weight;
 only the ``layer_scalar`` buffers exist twice. They become our ``layer_scalar`` (clean / encoder
@@ -19,6 +24,9 @@ mode) and ``canvas_layer_scalar`` (canvas / decoder mode). Name map, per layer i
   HF  model.decoder.self_conditioning.pre_norm / {gate,up,down}_proj
                                                 ours  residual_pathway.norm / mlp.{gate,up,down}_proj
   everything else keeps its name under ``model.`` (embed_tokens, norm, self_attn.*, mlp.*, norms).
+HF's self-conditioning has no 1/gamma: ours stores W_down x gamma (`orl.model.pathway`), so the
+file holds W_down / gamma (the function's weight; exact for a power-of-two gamma) and gamma itself
+sits in config.json's ``orl`` block.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import torch
 
 from ..config import DGEMMA_OPTIONS, ModelConfig
 from .formats import CheckpointError, Format, register
+from .qwen3 import token_ids
 
 DEC = "model.decoder."
 ENC = "model.encoder.language_model."
@@ -39,6 +48,12 @@ _LAYER_RENAME = {  # HF suffix inside a layer -> ours
 _SELF_COND = {"pre_norm.weight": "norm.weight", "gate_proj.weight": "mlp.gate_proj.weight",
               "up_proj.weight": "mlp.up_proj.weight", "down_proj.weight": "mlp.down_proj.weight"}
 _TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
+_TYPES_OUT = {v: k for k, v in _TYPES.items()}
+# transformers always builds the vision tower; a text-only model saved without a source config gets
+# this one (the smallest Gemma-4 vision config), whose random weights no text forward reads.
+PLACEHOLDER_VISION = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+                      "position_embedding_size": 64}
 
 
 # --------------------------------------------------------------------------- config
@@ -118,6 +133,44 @@ def config_from_dgemma(d: dict) -> ModelConfig:
         block_size=d.get("canvas_length", 256), pathway="mlp", pathway_intermediate=t["intermediate_size"])})
 
 
+def config_to_dgemma(cfg: ModelConfig, source: dict | None, ids: dict | None) -> dict:
+    """A DiffusionGemma config.json for ``cfg`` (``diffusion_gemma`` with a ``text_config``; the
+    source's other keys, vision config included, kept). Token ids go into the text config."""
+    fresh = {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+             "boi_token_id": 255_999, "eoi_token_id": 258_882, "image_token_id": 258_880,
+             "initializer_range": 0.02, "vision_config": dict(PLACEHOLDER_VISION)}
+    if source is not None and "text_config" not in source:  # a bare diffusion_gemma_text config
+        source = {**fresh, "text_config": source}
+    d = dict(source or fresh)
+    t = dict(d.get("text_config") or {"model_type": "diffusion_gemma_text", "attention_dropout": 0.0,
+                                      "initializer_range": 0.02, "use_bidirectional_attention": None,
+                                      "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2})
+    for k in ("global_head_dim", "num_global_key_value_heads"):  # the constructor form; we write per_layer_config
+        t.pop(k, None)
+    full_hd, full_kv = cfg.full_head_dim or cfg.head_dim, cfg.full_num_kv_heads or cfg.num_kv_heads
+    t.update(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+             num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+             head_dim=cfg.head_dim, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=cfg.max_position,
+             rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.attention_bias,
+             sliding_window=cfg.sliding_window, layer_types=[_TYPES_OUT[k] for k in cfg.layer_types],
+             per_layer_config={str(i): {"head_dim": full_hd, "num_key_value_heads": full_kv}
+                               for i, k in enumerate(cfg.layer_types) if k == "full"},
+             rope_parameters={
+                 "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": cfg.full_rotary_fraction,
+                                    "rope_theta": cfg.layer_rope("full")[1]}},
+             final_logit_softcapping=cfg.final_logit_softcap, num_experts=cfg.num_experts,
+             top_k_experts=cfg.num_experts_per_tok, moe_intermediate_size=cfg.moe_intermediate_size)
+    d.update(text_config=token_ids(t, ids), canvas_length=cfg.block_size, tie_word_embeddings=cfg.tie_embeddings)
+    return d
+
+
+def generation_dgemma(cfg: ModelConfig, source: dict | None, ids: dict | None) -> dict:
+    """generation_config.json: the source's, or what transformers writes for a new model (its
+    DiffusionGemma generate returns a dict) with the tokenizer's ids."""
+    return token_ids(dict(source or {"return_dict_in_generate": True}), ids)
+
+
 # --------------------------------------------------------------------------- keys
 def _strip(state: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -143,6 +196,8 @@ def dgemma_to_ours(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
     for k, v in text.items():
         if k.startswith("self_conditioning."):
             rest = k[len("self_conditioning."):]
+            if rest == "down_proj.weight" and cfg.pathway_gamma != 1.0:
+                v = v * cfg.pathway_gamma  # ours stores W_down x gamma (`orl.model.pathway`)
             out["residual_pathway." + _SELF_COND.get(rest, rest)] = v
         elif k.startswith("layers."):
             _, i, rest = k.split(".", 2)
@@ -171,6 +226,8 @@ def ours_to_dgemma(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
     for k, v in state.items():
         if k.startswith("residual_pathway."):
             rest = k[len("residual_pathway."):]
+            if rest == "mlp.down_proj.weight" and cfg.pathway_gamma != 1.0:
+                v = v / cfg.pathway_gamma  # the function's weight (exact for a power-of-two gamma)
             out[DEC + "self_conditioning." + back_sc.get(rest, rest)] = v
         elif k.startswith("model.layers."):
             _, _, i, rest = k.split(".", 3)
@@ -187,4 +244,7 @@ def ours_to_dgemma(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
     return out
 
 
-DGEMMA = register(Format("dgemma", config_from_dgemma, dgemma_to_ours), "diffusion_gemma", "diffusion_gemma_text")
+DGEMMA = register(Format("dgemma", config_from_dgemma, dgemma_to_ours, config_to=config_to_dgemma,
+                         from_ours=ours_to_dgemma, generation=generation_dgemma, family="dgemma",
+                         diffusion=(("block_size", "canvas_length"),), pathway_native=True),
+                  "diffusion_gemma", "diffusion_gemma_text")

@@ -1,17 +1,19 @@
-"""orl's own checkpoint format: config.json with an ``orl`` block (our `ModelConfig`), tensors
-under our parameter names. What `save_pretrained` writes."""
+"""orl's former own checkpoint format, read only: config.json with ``model_type: "orl"`` and an
+``orl`` block (our `ModelConfig` as a dict), tensors under our parameter names.
+
+Checkpoints written before the family formats existed load with it; saving such a model writes
+its family's format (`formats.EXPORTS`; docs/formats.md).
+"""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .formats import Format, register
+from .formats import CheckpointError, Format, register
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
-    """config.json for ``cfg``: our block plus the usual HF fields, for tools that read them."""
-    return {"architectures": ["OrlTransformer"], "model_type": "orl", "orl": cfg.to_dict(),
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-            "head_dim": cfg.head_dim, "torch_dtype": "float32"}
+def config_from_orl(d: dict) -> ModelConfig:
+    if not isinstance(d.get("orl"), dict):
+        raise CheckpointError("config.json has model_type 'orl' but no 'orl' block; re-save the checkpoint")
+    return ModelConfig.from_dict(d["orl"])
 
 
-ORL = register(Format("orl", lambda d: ModelConfig.from_dict(d["orl"])), "orl")
+ORL = register(Format("orl", config_from_orl), "orl")
