@@ -13,7 +13,7 @@ Owns reading three kinds of result and drawing each (matplotlib, Agg backend):
   per kernel kind, one bar chart per profiled path.
 
 ``PATH.png`` is written next to ``PATH`` (``X.json`` -> ``X.png``, ``metrics.jsonl`` ->
-``metrics.png``, a run directory -> ``DIR/curves.png``, ``X.md`` -> ``X.profile.png``).
+``metrics.png``, a run directory -> ``DIR/curves.png``, a results table ``engine_results.md`` -> ``engine_results.profile.png``).
 The readers (`frontier_block`, `training_series`, `profiles`) are pure functions of the files'
 contents, tested with values written by hand. Does not own: the numbers (their producers) or
 training numerics (nothing here runs in a trainer).
