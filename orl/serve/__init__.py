@@ -6,7 +6,7 @@ server knows HTTP and the `LLM` methods but no tensors. Imported lazily so `impo
 """
 from __future__ import annotations
 
-__all__ = ["LLM", "Generation", "Stream", "ContextLengthError"]
+__all__ = ["LLM", "Generation", "Stream", "ContextLengthError", "EmptyPromptError"]
 
 
 def __getattr__(name: str):
