@@ -5,12 +5,15 @@ Owns, for one MoE layer at batch 1:
     stacked experts are used as they are, no copy when the dtype already matches; the shared
     expert's gate and up become one (2 Is, D) matrix).
   * ``moe_mlp(h, mw, cfg)``: numerically `MoE.forward` (same softmax router, top-k, renormalised
-    top-k weights, Gemma-4 router scale and per-expert scale, the same activation and the same
-    order of additions: per token the routed experts in ascending id, then the shared expert).
+    top-k weights, Gemma-4 router scale and per-expert scale, or LLaDA-2.x's gate (sigmoid, expert
+    bias, group-limited choice, scaling: `orl.model.layers.group_limited_route`, shared with the
+    model), the same activation and the same order of additions: per token the routed experts in
+    ascending id, then the shared expert).
     Two backends with one contract:
       "triton"  routing is one launch (``route_triton``, kernel ``orl_moe_route``; ``route`` is its
                 PyTorch reference): router GEMM, softmax, top-k, renormalisation, Gemma-4 scales and
-                the ascending-id order of each token's k experts; then
+                the ascending-id order of each token's k experts (LLaDA-2.x's gate is not in the
+                kernel: ``route`` in PyTorch instead, `route_kernel_covers`); then
                 the T x k (token, expert) assignments are sorted by expert on the device by one
                 single-program Triton kernel (``plan_triton``; ``plan`` is its PyTorch reference); a grid
                 over a static maximum of ``min(E, T k)`` expert slots runs two grouped kernels
@@ -37,6 +40,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from ..model.layers import group_limited_route
+
 BACKENDS = ("auto", "triton", "torch")
 
 
@@ -50,24 +55,39 @@ class MoEWeights(NamedTuple):
     shared_down: Optional[torch.Tensor]     # (D, Is)
     router_scale: Optional[torch.Tensor]    # (D,) Gemma 4 router input scale
     per_expert_scale: Optional[torch.Tensor]  # (E,) Gemma 4 scale of the top-k weights
+    expert_bias: Optional[torch.Tensor] = None  # (E,) LLaDA-2.x choice bias, float32 (float64 engines: float64)
 
 
 def bake_moe(moe, cast) -> MoEWeights:
     """``moe`` an `orl.model.layers.MoE`; ``cast(t)`` returns t in the engine's dtype, contiguous
     (None for None)."""
     se = moe.shared_experts
+    router = cast(moe.gate.weight)
+    # the choice's bias in at least float32 (a bf16 engine does not round it); shared when float32 already
+    bias_dt = torch.promote_types(router.dtype, torch.float32)
     return MoEWeights(
-        router=cast(moe.gate.weight), gate_up=cast(moe.gate_up_proj), down=cast(moe.down_proj),
+        router=router, gate_up=cast(moe.gate_up_proj), down=cast(moe.down_proj),
         shared_gate_up=None if se is None else cast(torch.cat([se.gate_proj.weight, se.up_proj.weight])),
         shared_down=None if se is None else cast(se.down_proj.weight),
         router_scale=cast(moe.router_scale) if moe.gemma else None,
-        per_expert_scale=cast(moe.per_expert_scale) if moe.gemma else None)
+        per_expert_scale=cast(moe.per_expert_scale) if moe.gemma else None,
+        expert_bias=None if moe.expert_bias is None else moe.expert_bias.detach().to(bias_dt).contiguous())
 
 
 # ----------------------------------------------------------------------------- routing
 def route(x: torch.Tensor, mw: MoEWeights, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """`MoE.route`, op for op: x (N, D) router input -> weights (N, k) float32, expert ids (N, k).
-    Unlike `MoE.route` each row is sorted by expert id (the order the reference adds experts in)."""
+    Unlike `MoE.route` each row is sorted by expert id (the order the reference adds experts in).
+    A non-plain router (``cfg.router_plain`` False: LLaDA-2.x's sigmoid / bias / group gate) runs
+    the model's own `orl.model.layers.group_limited_route` on float32 logits, as `MoE.route`."""
+    if not cfg.router_plain:
+        dt = torch.promote_types(x.dtype, torch.float32)
+        w, idx = group_limited_route(F.linear(x.to(dt), mw.router.to(dt)), cfg.num_experts_per_tok,
+                                     score=cfg.router_score, bias=mw.expert_bias, groups=cfg.router_groups,
+                                     topk_groups=cfg.router_topk_groups, norm=cfg.router_norm_topk,
+                                     scaling=cfg.router_scaling)
+        idx, order = idx.sort(-1)
+        return w.gather(-1, order), idx
     if mw.router_scale is not None:  # Gemma 4: scale-free RMSNorm, times the scale and D^-1/2
         xf = x.float()
         x = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + cfg.rms_eps)).to(x.dtype)
@@ -322,6 +342,15 @@ def pick_backend(backend: str, device: torch.device, dtype: torch.dtype | None =
     return backend
 
 
+def route_kernel_covers(cfg) -> bool:
+    """Whether the Triton routing kernel (`route_triton`) implements ``cfg``'s router: the plain
+    softmax top-k router and Gemma 4's. LLaDA-2.x's gate (sigmoid, expert bias, group-limited
+    choice, scaling: ``cfg.router_plain`` False) is not in the kernel; the "triton" backend then
+    routes with `route` in PyTorch (~20 small kernels, static shapes, no host reads: CUDA-graph
+    safe) and runs the grouped expert kernels on its ids and weights."""
+    return bool(cfg.router_plain)
+
+
 def moe_mlp(h: torch.Tensor, mw: MoEWeights, cfg, router_input: Optional[torch.Tensor] = None,
             backend: str = "auto") -> torch.Tensor:
     """`MoE.forward`: h (B, T, D) the (normed) expert input; router_input (B, T, D) (None: h, the
@@ -331,7 +360,7 @@ def moe_mlp(h: torch.Tensor, mw: MoEWeights, cfg, router_input: Optional[torch.T
     x = h.reshape(-1, shape[-1])
     rx = x if router_input is None else router_input.reshape(-1, shape[-1])
     use_triton = pick_backend(backend, x.device, x.dtype) == "triton"
-    if use_triton:  # one routing kernel (`route_triton`) instead of route's ~8
+    if use_triton and route_kernel_covers(cfg):  # one routing kernel (`route_triton`) instead of route's ~8
         w, ids = torch.ops.orl.moe_route(rx, mw.router, mw.router_scale, mw.per_expert_scale,
                                          cfg.num_experts_per_tok, bool(cfg.router_norm_topk), float(cfg.rms_eps))
     else:
@@ -355,4 +384,5 @@ def moe_bytes(mw: MoEWeights, ids: Optional[torch.Tensor] = None) -> int:
                                     mw.per_expert_scale) if t is not None)
     per_expert = mw.gate_up[0].numel() + mw.down[0].numel()
     n = mw.gate_up.shape[0] if ids is None else int(torch.unique(ids).numel())
-    return (dense + n * per_expert) * mw.gate_up.element_size()
+    bias = 0 if mw.expert_bias is None else mw.expert_bias.numel() * mw.expert_bias.element_size()
+    return (dense + n * per_expert) * mw.gate_up.element_size() + bias

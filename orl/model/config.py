@@ -6,8 +6,9 @@ Does not own: weights, HF key mapping (`orl.model.checkpoint`), decoding protoco
 
 Families (docs/method.md 1.2, 1.4, 2.2):
   sdar   -- Qwen3 backbone, mask-token block diffusion (QwenDLM / SDAR style).
-  llada  -- LLaDA-2.1-mini style MoE (sigmoid-free softmax router here, top-k + shared expert),
-            mask-token block diffusion, threshold + editing decoder.
+  llada  -- LLaDA-2.1-mini style MoE (top-k + shared expert; the named sizes route by softmax, a
+            loaded LLaDA-2.x checkpoint by its sigmoid / expert-bias / group-limited gate: the
+            ``router_*`` fields), mask-token block diffusion, threshold + editing decoder.
   dgemma -- DiffusionGemma style (Gemma options), uniform-state diffusion on a canvas,
             entropy-bounded sampler, self-conditioning pathway with post-norm.
 """
@@ -63,6 +64,17 @@ class ModelConfig:
     num_shared_experts: int = 0
     first_dense_layers: int = 0
     router_norm_topk: bool = True
+    # The router's rule (`orl.model.layers.MoE.route`). The defaults are the plain router: softmax
+    # scores, the top-k of them, renormalised if router_norm_topk. LLaDA-2.x's published gate
+    # (DeepSeek-V3's "noaux_tc" rule): sigmoid scores, a (E,) expert bias added for the choice only,
+    # the choice limited to the best router_topk_groups of router_groups equal groups of experts (a
+    # group scores the sum of its two best), weights = the chosen scores without the bias,
+    # renormalised if router_norm_topk, times router_scaling.
+    router_score: str = "softmax"            # "softmax" | "sigmoid"
+    router_bias: bool = False                # a learned expert_bias (E,) buffer, for the choice only
+    router_groups: int = 1                   # n_group: E / router_groups experts per group
+    router_topk_groups: int = 1              # topk_group: groups kept (= router_groups: no limit)
+    router_scaling: float = 1.0              # routed_scaling_factor, on the final weights
     # Gemma 4 / DiffusionGemma MoE: every MoE layer also runs the dense MLP (intermediate_size) in
     # parallel, each branch with its own pre/post norms, and the router reads the raw residual as
     # proj(rms0(x) * scale * D^-1/2), its renormalised top-k weights times a per-expert scale.
@@ -116,6 +128,35 @@ class ModelConfig:
                                  f"{self.layer_kv_heads(i)} KV heads")
         if self.parallel_dense_mlp and not (self.is_moe and self.sandwich_norm):
             raise ValueError("parallel_dense_mlp (Gemma 4) needs experts (num_experts > 0) and sandwich_norm=True")
+        self._check_router()
+
+    def _check_router(self) -> None:
+        if self.router_score not in ("softmax", "sigmoid"):
+            raise ValueError(f"router_score must be 'softmax' or 'sigmoid', got {self.router_score!r}")
+        G, Gk = self.router_groups, self.router_topk_groups
+        if not 1 <= Gk <= G:
+            raise ValueError(f"router_topk_groups {Gk} must be in [1, router_groups {G}]")
+        if not self.router_plain and not self.is_moe:
+            raise ValueError("the router fields (router_score, router_bias, router_groups, router_topk_groups, "
+                             "router_scaling) describe a MoE router: set num_experts > 0 or leave them at their "
+                             "defaults")
+        if not self.is_moe:
+            return
+        E, k = self.num_experts, self.num_experts_per_tok
+        if E % G:
+            raise ValueError(f"router_groups {G} must divide num_experts {E} (equal groups of experts)")
+        if not 1 <= k <= Gk * (E // G):
+            raise ValueError(f"num_experts_per_tok {k} must be in [1, {Gk * (E // G)}]: the {Gk} kept of "
+                             f"{G} groups hold {Gk * (E // G)} experts")
+        if self.router_scale and not self.router_plain:
+            raise ValueError("router_scale (the Gemma 4 router) is softmax top-k: it does not combine with "
+                             "router_score='sigmoid', router_bias, group-limited routing or router_scaling")
+
+    @property
+    def router_plain(self) -> bool:
+        """The plain router (softmax top-k, no bias, no group limit, no scaling): the defaults."""
+        return (self.router_score == "softmax" and not self.router_bias and self.router_scaling == 1.0
+                and self.router_topk_groups == self.router_groups)
 
     @property
     def is_moe(self) -> bool:

@@ -147,14 +147,47 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
+def group_limited_route(logits: torch.Tensor, k: int, *, score: str = "sigmoid", bias: torch.Tensor | None = None,
+                        groups: int = 1, topk_groups: int = 1, norm: bool = True,
+                        scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LLaDA-2.x / DeepSeek-V3 ("noaux_tc") gate on router logits (N, E): weights (N, k) in the
+    logits' dtype and expert ids (N, k), in descending order of the choice.
+
+      s      = sigmoid(logits)  (``score`` "softmax": softmax(logits))
+      c      = s + bias                                  bias (E,): the choice only, never the weights
+      group  = sum of the two best c of each of ``groups`` equal groups; all but the best
+               ``topk_groups`` groups are masked out (c = -inf)
+      ids    = top-k of c;  w = s[ids], / (sum + 1e-20) if ``norm``, x ``scaling``
+    """
+    N, E = logits.shape
+    s = torch.sigmoid(logits) if score == "sigmoid" else torch.softmax(logits, dim=-1)
+    c = s if bias is None else s + bias.to(s.dtype)
+    if topk_groups < groups:
+        per = E // groups
+        top = c.view(N, groups, per).topk(min(2, per), dim=-1).values.sum(-1)  # (N, groups)
+        keep = torch.zeros_like(top, dtype=torch.bool).scatter_(1, top.topk(topk_groups, dim=-1).indices, True)
+        c = c.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    idx = c.topk(k, dim=-1).indices
+    w = s.gather(1, idx)
+    if norm:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    if scaling != 1.0:
+        w = w * scaling
+    return w, idx
+
+
 class MoE(nn.Module):
-    """Routed experts (softmax router, top-k, optional renormalisation) plus shared experts.
+    """Routed experts (softmax top-k router with optional renormalisation, or LLaDA-2.x's gate) plus
+    shared experts.
 
     Expert weights are stacked: ``gate_up_proj`` (E, 2I, D) with rows [gate; up], ``down_proj``
     (E, D, I). Tokens are grouped per selected expert, so compute scales with the experts a batch
     actually touches. With ``cfg.router_scale`` (Gemma 4) the router input is normalised without
     weight, times ``router_scale`` (D,) and D^-1/2, and the renormalised top-k weights are
     multiplied by ``per_expert_scale`` (E,); the caller passes the raw residual as ``router_input``.
+    A config with another router rule (``cfg.router_plain`` False: LLaDA-2.x's sigmoid gate, its
+    ``expert_bias`` (E,) buffer, group-limited choice, scaling) routes by `group_limited_route` on
+    logits computed in float32 (at least: float64 stays), as the published gate does.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -174,9 +207,19 @@ class MoE(nn.Module):
             self.router_norm = RMSNorm(D, cfg.rms_eps, with_scale=False)
             self.router_scale = nn.Parameter(torch.ones(D))
             self.per_expert_scale = nn.Parameter(torch.ones(E))
+        self.plain = cfg.router_plain
+        self.rule = dict(score=cfg.router_score, groups=cfg.router_groups, topk_groups=cfg.router_topk_groups,
+                         norm=cfg.router_norm_topk, scaling=cfg.router_scaling)
+        # a buffer, not a parameter: the published gate adjusts it outside the gradient (aux-loss-free balancing)
+        self.register_buffer("expert_bias", torch.zeros(E) if cfg.router_bias else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (N, D) -> expert weights (N, k) float32 and expert ids (N, k)."""
+        """x (N, D) -> expert weights (N, k) float32 (float64 for a float64 model with a non-plain
+        router) and expert ids (N, k)."""
+        if not self.plain:
+            dt = torch.promote_types(x.dtype, torch.float32)
+            logits = F.linear(x.to(dt), self.gate.weight.to(dt))
+            return group_limited_route(logits, self.top_k, bias=self.expert_bias, **self.rule)
         if self.gemma:
             x = self.router_norm(x) * self.router_scale * x.shape[-1] ** -0.5
         probs = torch.softmax(self.gate(x).float(), dim=-1)
@@ -300,5 +343,5 @@ def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else torch.tanh(x.float() / cap) * cap
 
 
-__all__ = ["RMSNorm", "Attention", "GatedMLP", "MoE", "DecoderLayer", "rope_cos_sin", "apply_rope",
-           "init_weights", "soft_cap"]
+__all__ = ["RMSNorm", "Attention", "GatedMLP", "MoE", "group_limited_route", "DecoderLayer", "rope_cos_sin",
+           "apply_rope", "init_weights", "soft_cap"]

@@ -18,15 +18,18 @@ Two exact re-parameterisations map it onto our layers:
   * experts: LLaDA-2 stores one MLP per expert (``experts.{e}.{gate,up,down}_proj``); ours stacks
     them (``gate_up_proj`` (E, 2I, D) rows [gate; up], ``down_proj`` (E, D, I)).
 
-What our MoE router cannot express is refused, listed in one error: the published router scores
-experts with a sigmoid, adds a learned ``expert_bias`` for the choice, limits the choice to the
-top ``topk_group`` of ``n_group`` expert groups and scales the weights by
-``routed_scaling_factor``; ours is softmax top-k with optional renormalisation
-(`orl.model.layers.MoE`). A config that says ``score_function: "softmax"`` with one group (or every
-group kept), no expert bias (or an all-zero one) and a scale of 1 loads exactly; that is what we
-write, so a model of ours saved here loads in code that honours ``score_function`` (Ling /
-Bailing-MoE-V2 style). A LLaDA-2.x checkpoint has no mask id or block length in its config (its
-``generate`` takes ``mask_id=156895``, ``block_length=32``): they are required (`formats.diffusion_fields`).
+The router maps field for field onto ours (`ModelConfig.router_*`, `orl.model.layers.group_limited_route`):
+the published gate scores experts with a sigmoid (``score_function``; "softmax" is honoured, as
+Ling / Bailing-MoE-V2 code does), adds ``mlp.gate.expert_bias`` (ours ``mlp.expert_bias``, a
+buffer) for the choice only when ``moe_router_enable_expert_bias``, limits the choice to the top
+``topk_group`` of ``n_group`` expert groups, renormalises (``norm_topk_prob``, k > 1) and scales the
+weights by ``routed_scaling_factor``. A model of ours with the plain router is written as
+``score_function: "softmax"``, one group, no bias, scale 1. Still refused, each named in one error:
+other score functions, groups that do not divide the experts, a non-zero ``expert_bias`` in a
+checkpoint whose config disables it (a missing one where it enables it), and the non-router
+options below. A LLaDA-2.x checkpoint has
+no mask id or block length in its config (its ``generate`` takes ``mask_id=156895``,
+``block_length=32``): they are required (`formats.diffusion_fields`).
 Does not own: reading/writing files (`files`), the decoding protocol of the family (`orl.decode`).
 """
 from __future__ import annotations
@@ -80,16 +83,17 @@ def config_from_llada2(d: dict) -> ModelConfig:
     E, k = d.get("num_experts") or 0, d.get("num_experts_per_tok", 2)
     I = d.get("moe_intermediate_size") or 0
     shared = d.get("num_shared_experts") or 0
+    router = {}
     if E:
-        score = d.get("score_function", "sigmoid")  # the published router hard-codes a sigmoid
-        if score != "softmax":
-            problems.append(f"router score_function {score!r} (our MoE routes by softmax; a sigmoid router is "
-                            "not implemented in orl.model.layers.MoE)")
-        if float(d.get("routed_scaling_factor", 2.5)) != 1.0:
-            problems.append(f"routed_scaling_factor {d.get('routed_scaling_factor', 2.5)} (ours: 1)")
-        groups, top_groups = d.get("n_group", 8) or 1, d.get("topk_group", 4) or 1
-        if groups > 1 and top_groups < groups:
-            problems.append(f"group-limited routing (top {top_groups} of {groups} groups)")
+        router = _router_from(d)
+        if router["router_score"] not in ("sigmoid", "softmax"):
+            problems.append(f"router score_function {router['router_score']!r} (sigmoid or softmax)")
+        G, Gk = router["router_groups"], router["router_topk_groups"]
+        if G < 1 or E % G or not 1 <= Gk <= G:
+            problems.append(f"n_group {G} / topk_group {Gk} with {E} experts (n_group must divide num_experts, "
+                            "1 <= topk_group <= n_group)")
+        elif not 1 <= k <= Gk * (E // G):
+            problems.append(f"num_experts_per_tok {k} of the {Gk * (E // G)} experts in {Gk} of {G} groups")
         se = d.get("moe_shared_expert_intermediate_size")
         if shared and se is not None and se != I * shared:
             problems.append(f"moe_shared_expert_intermediate_size {se} != moe_intermediate_size x num_shared_experts")
@@ -106,12 +110,22 @@ def config_from_llada2(d: dict) -> ModelConfig:
         num_experts=E, num_experts_per_tok=k if E else 0, moe_intermediate_size=I if E else 0,
         num_shared_experts=shared if E else 0, first_dense_layers=d.get("first_k_dense_replace", 0) if E else 0,
         router_norm_topk=bool(d.get("norm_topk_prob", True)) and k > 1,  # the published gate: top-1 unnormalised
-        pathway="none", **diffusion_fields(d, DIFFUSION, "LLaDA-2.x"))
+        **router, pathway="none", **diffusion_fields(d, DIFFUSION, "LLaDA-2.x"))
+
+
+def _router_from(d: dict) -> dict:
+    """Our router fields from a LLaDA-2.x config; absent keys take the published gate's values
+    (sigmoid, expert bias on, 8 groups of which 4 kept, scale 2.5)."""
+    return dict(router_score=d.get("score_function") or "sigmoid",
+                router_bias=bool(d.get("moe_router_enable_expert_bias", True)),
+                router_groups=int(d.get("n_group", 8) or 1), router_topk_groups=int(d.get("topk_group", 4) or 1),
+                router_scaling=float(2.5 if d.get("routed_scaling_factor") is None else d["routed_scaling_factor"]))
 
 
 def config_to_llada2(cfg: ModelConfig, source: dict | None, ids: dict | None) -> dict:
-    """A LLaDA-2.x config.json for ``cfg`` (the source's own keys kept: auto_map, token ids, its
-    router's). Every key is written; a new model's router as softmax, one group, no bias, scale 1."""
+    """A LLaDA-2.x config.json for ``cfg`` (the source's own keys kept: auto_map, token ids). Every
+    key is written; the router's from ``cfg`` (a plain router: softmax, one group, no bias, scale 1),
+    a source's value kept where it reads back equal (1 stays 1, not 1.0)."""
     if cfg.hidden_act not in _ACT_OUT:
         raise CheckpointError(f"hidden_act {cfg.hidden_act!r} has no LLaDA-2.x name")
     d = dict(source or {"architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "embedding_dropout": 0.0,
@@ -130,11 +144,11 @@ def config_to_llada2(cfg: ModelConfig, source: dict | None, ids: dict | None) ->
              num_shared_experts=cfg.num_shared_experts if moe else 0,
              first_k_dense_replace=cfg.first_dense_layers if moe else 0,
              mask_token_id=cfg.mask_token_id, block_size=cfg.block_size)
-    # the router: a source's keys loaded, so they route as ours does (an all-zero expert bias, every
-    # group kept); kept as written. Absent ones: ours, explicitly.
-    for k, v in dict(score_function="softmax", moe_router_enable_expert_bias=False, n_group=1, topk_group=1,
-                     routed_scaling_factor=1.0).items():
-        d.setdefault(k, v)
+    for k, v in dict(score_function=cfg.router_score, moe_router_enable_expert_bias=cfg.router_bias,
+                     n_group=cfg.router_groups, topk_group=cfg.router_topk_groups,
+                     routed_scaling_factor=cfg.router_scaling).items():
+        if d.get(k) != v:
+            d[k] = v
     if "norm_topk_prob" not in d or cfg.num_experts_per_tok > 1:  # top-1: the published gate never renormalises
         d["norm_topk_prob"] = cfg.router_norm_topk
     d.pop("moe_shared_expert_intermediate_size", None)
@@ -179,9 +193,12 @@ def llada2_to_ours(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
         elif rest.startswith("attention.dense."):
             out[p + "self_attn.o_proj." + rest.rsplit(".", 1)[1]] = v
         elif rest == "mlp.gate.expert_bias":
-            if torch.count_nonzero(v):
-                raise CheckpointError(f"{key} is not zero: the router adds a learned expert bias to its choice, "
-                                      "which our MoE (orl.model.layers.MoE) does not implement")
+            if cfg.router_bias:
+                out[p + "mlp.expert_bias"] = v
+            elif torch.count_nonzero(v):
+                raise CheckpointError(f"{key} is not zero but config.json sets moe_router_enable_expert_bias false, "
+                                      "so it is unclear whether the router adds it to its choice; set "
+                                      "moe_router_enable_expert_bias true in config.json to route with it")
         elif rest.startswith("mlp.experts."):
             _, _, e, name = rest.split(".", 3)
             experts.setdefault(i, {})[(int(e), name)] = v
@@ -196,6 +213,10 @@ def llada2_to_ours(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
             raise CheckpointError(f"model.layers.{i}.mlp.experts: missing "
                                   f"{sorted(f'{e}.{n}' for e, n in want - set(ex))[:6]}, unexpected "
                                   f"{sorted(f'{e}.{n}' for e, n in set(ex) - want)[:6]}")
+        if cfg.router_bias and f"model.layers.{i}.mlp.expert_bias" not in out:
+            raise CheckpointError(f"model.layers.{i}.mlp.gate.expert_bias is missing: config.json enables the "
+                                  "router's expert bias (moe_router_enable_expert_bias, true when absent); add the "
+                                  "tensor, or set the key false if the router has none")
         E = range(cfg.num_experts)
         out[f"model.layers.{i}.mlp.gate_up_proj"] = torch.stack(
             [torch.cat([ex[(e, "gate_proj.weight")], ex[(e, "up_proj.weight")]]) for e in E])
@@ -204,8 +225,9 @@ def llada2_to_ours(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
 
 
 def ours_to_llada2(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """LLaDA-2.x names for our state dict (inverse of `llada2_to_ours`; a zero ``expert_bias`` per
-    MoE layer, as the published model registers one). Every tensor is its own copy."""
+    """LLaDA-2.x names for our state dict (inverse of `llada2_to_ours`; a model without an expert
+    bias gets a zero ``expert_bias`` per MoE layer, as the published model registers one). Every
+    tensor is its own copy."""
     H, Hkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     inv = sorted(range(hd), key=rope_perm(hd, _rotary(cfg)).__getitem__)  # theirs[perm[i]] = ours[i]
     out = {}
@@ -240,8 +262,10 @@ def ours_to_llada2(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str
         elif rest == "mlp.down_proj" and v.dim() == 3:
             for e in range(v.shape[0]):
                 out[p + f"mlp.experts.{e}.down_proj.weight"] = v[e].clone()
+        elif rest == "mlp.expert_bias":
+            out[p + "mlp.gate.expert_bias"] = v
         else:  # norms, the router, dense and shared MLPs: same names
-            if rest == "mlp.gate.weight":
+            if rest == "mlp.gate.weight" and not cfg.router_bias:  # the published gate always has one
                 out[p + "mlp.gate.expert_bias"] = torch.zeros(v.shape[0], dtype=v.dtype)
             out[key] = v
     return out
