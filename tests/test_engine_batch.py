@@ -8,6 +8,7 @@ reasons and committed blocks equal `orl.decode.decode`'s given the same counter 
 rollouts; a row decodes the same alone as in a batch (its stream depends on its seed only); an EOS
 ends one row while the others go on.
 """
+import dataclasses
 import os
 
 import pytest
@@ -94,9 +95,9 @@ def test_group_of_one_prompt_samples_different_rollouts(family, rule):
 def test_eos_ends_one_row_the_others_go_on(family, rule):
     model = _model(family)
     K = model.config.block_size
-    cfg = _cfg(rule, K, True, max_new_tokens=4 * K)
+    cfg = _cfg(rule, K, True, max_new_tokens=3 * K)  # row 0 stops in block 2 of 3, the others go on
     prompts = _prompts(3, 7, model.config.vocab_size, seed=8)
-    probe = decode(model, prompts, cfg, rng=CounterRNG(2))
+    probe = decode(model, prompts, dataclasses.replace(cfg, max_new_tokens=2 * K), rng=CounterRNG(2))
     eos = probe.block_tokens[0][K + 2]  # a token row 0 commits in its second block
     ref = decode(model, prompts, cfg, eos_ids=[eos], rng=CounterRNG(2))
     rt = Runtime(model, K, mode="eager", max_len=192, bucket=32, batch=3)
@@ -153,27 +154,32 @@ def test_capture_equals_the_reference_trace(rule, sampled):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="Triton's CPU interpreter is off (a CUDA machine): test_engine_gpu.py runs this on CUDA")
-@pytest.mark.parametrize("rule,sampled,temp", [("threshold", True, 1.0), ("llada", True, 1.5)])
-def test_fused_mask_sampler_equals_the_torch_one(rule, sampled, temp):
-    fused_vs_torch(rule, sampled, temp, "cpu", "eager")
+@pytest.mark.parametrize("rule,sampled,temp,threshold", [("threshold", True, 1.0, 0.95), ("llada", True, 1.5, 0.5)])
+def test_fused_mask_sampler_equals_the_torch_one(rule, sampled, temp, threshold):
+    # fewer interpreter rounds than the CUDA twin (3 rows, threshold 0.95), the same paths: two rows
+    # (one program per position, row and round) that end a block at different rounds, so an idle row
+    # rides along; LLaDA at threshold 0.5 still takes 5-9 rounds a block (0.95: 11, of them 3 post steps)
+    out = fused_vs_torch(rule, sampled, temp, "cpu", "eager", batch=2, threshold=threshold)
+    assert any(len(set(s)) > 1 for s in zip(*out.steps_per_block)), "rows should end a block at different rounds"
 
 
-def fused_vs_torch(rule, sampled, temp, device, mode):
+def fused_vs_torch(rule, sampled, temp, device, mode, batch=3, threshold=0.95):
     """The mask rules' fused logits pass (`sampler="triton"`: `orl.kernels.canvas.round_rows` with
     the logsumexp; Triton's interpreter on CPU) decodes the torch sampler's tokens and rounds, and
     captures the same states: canvases and commits equal at every step; at a block's first step
     (no residual yet: the same logits reach both) entropies and top-k log-probs to float32 rounding
     (1e-5); the z the fused pass feeds back to 1e-4 (it is float32-close, and this peaked model
     amplifies a 1e-6 change of z into 1e-3 of the next logits, so later steps' statistics compare
-    the model's sensitivity, not the kernel). T = 1.5 takes the residual's own pass (temperature 1)."""
+    the model's sensitivity, not the kernel). T = 1.5 takes the residual's own pass (temperature 1).
+    ``batch`` rows of one prompt; returns the fused run's `DecodeOutput`."""
     family = "llada" if rule == "llada" else "sdar"
     model = _model(family).float().to(device)  # the interpreter's kernels run float32
     K, k = model.config.block_size, 5
-    cfg = _cfg(rule, K, sampled, threshold=0.95, temperature=temp, max_new_tokens=2 * K)
+    cfg = _cfg(rule, K, sampled, threshold=threshold, temperature=temp, max_new_tokens=2 * K)
     prompt = _prompts(1, 6, model.config.vocab_size, seed=9).to(device)
     outs = {}
     for sampler in ("torch", "triton"):
-        rt = Runtime(model, K, mode=mode, max_len=160, bucket=32, batch=3, sampler=sampler)
+        rt = Runtime(model, K, mode=mode, max_len=160, bucket=32, batch=batch, sampler=sampler)
         assert rt.rule.sampler == sampler
         outs[sampler] = rt.decode(prompt, cfg, seed=21, capture_topk=k)
     a, b = outs["triton"], outs["torch"]
@@ -188,6 +194,7 @@ def fused_vs_torch(rule, sampled, temp, device, mode):
             torch.testing.assert_close(x.topk_logp, y.topk_logp, rtol=0, atol=1e-5)
         if y.residual is not None:
             torch.testing.assert_close(x.residual, y.residual, rtol=0, atol=1e-4)
+    return a
 
 
 def test_runtime_rollouts_replay_through_the_training_forward():
