@@ -9,13 +9,15 @@ beside it). 1. SFT a small block-diffusion model on it (or reuse the one already
 models over the decoder's knob (``--sweep``, threshold for this recipe) and compare their
 accuracy-vs-TPF frontiers (`orl.eval.frontier`): the headline is the frontier gain (TPF ratio at the
 base's best accuracy - 1 point, with a bootstrap interval), the one-setting before/after table is
-secondary. Writes ``summary.json`` (its ``frontier`` block), ``frontier.png``, ``orl_curve.png`` and
-``metrics.jsonl``. Each stage resumes from what ``--out`` already holds, so a killed demo continues
-where it stopped.
+secondary. Writes ``summary.json`` (its ``frontier`` block), ``frontier.png``, ``orl_curve.png``,
+``metrics.jsonl`` and ``resolved_config.json`` (both stages' configs, every ``--set-sft`` /
+``--set-orl`` applied and checked before the SFT stage starts). Each stage resumes from what
+``--out`` already holds, so a killed demo continues where it stopped.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -83,26 +85,48 @@ def _plot(metrics_path: str, out_png: str, base: dict) -> None:
     fig.savefig(out_png, dpi=120)
 
 
+def demo_configs(out: str, sft_recipe: str, orl_recipe: str, sets_sft=(), sets_orl=()) -> tuple:
+    """Both stages' configs, every ``--set-sft`` / ``--set-orl`` applied and checked, the recipes'
+    kinds and devices checked and the task built: a typo fails here, before the SFT stage runs."""
+    from .cli import check_device  # noqa: PLC0415
+    from .recipes import apply_overrides, get_recipe  # noqa: PLC0415
+    from .train.loop import ORLConfig  # noqa: PLC0415
+    from .train.sft import SFTConfig  # noqa: PLC0415
+    from .train.sft_cli import build_task  # noqa: PLC0415
+    sft = apply_overrides(get_recipe(sft_recipe, kind=SFTConfig, out=os.path.join(out, "sft")), list(sets_sft))
+    orl = apply_overrides(get_recipe(orl_recipe, kind=ORLConfig, init=os.path.join(out, "start"),
+                                     out=os.path.join(out, "orl")), list(sets_orl))
+    check_device(sft.device, "--set-sft device")
+    check_device(orl.device, "--set-orl device")
+    build_task(sft.task, sft.task_kwargs)
+    if (orl.task, orl.task_kwargs) != (sft.task, sft.task_kwargs):
+        build_task(orl.task, orl.task_kwargs)
+    return sft, orl
+
+
 def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "suite_sft_arith", orl_recipe: str = "orl_suite_arith",
              sets_sft=(), sets_orl=(), gamma: float = 8.0, quiet: bool = False, sweep=None,
-             n_sweep: int | None = None, n_boot: int = 1000) -> dict:
+             n_sweep: int | None = None, n_boot: int = 1000, loggers: tuple[str, ...] = ("tensorboard",)) -> dict:
     """The demo; ``sweep``: knob values of the frontier (None: the rule's default grid,
     `orl.eval.frontier.GRIDS`, plus the recipe's setting; an empty sequence: no frontier);
-    ``n_sweep``: held-out problems per sweep point (None: ``n_eval``)."""
+    ``n_sweep``: held-out problems per sweep point (None: ``n_eval``); ``loggers``: the stages'
+    (`orl.train.loggers`). Writes ``out/resolved_config.json`` with both stages' configs."""
     from .model.convert import make_orl_start  # noqa: PLC0415
-    from .recipes import apply_overrides, get_recipe  # noqa: PLC0415
     from .tasks.registry import get_task  # noqa: PLC0415
+    from .train.loggers import write_resolved_config  # noqa: PLC0415
     from .train.loop import train_orl  # noqa: PLC0415
     from .train.sft import train_sft  # noqa: PLC0415
 
     t0 = time.time()
+    sft, orl = demo_configs(out, sft_recipe, orl_recipe, sets_sft, sets_orl)
     os.makedirs(out, exist_ok=True)
-    sft = apply_overrides(get_recipe(sft_recipe, out=os.path.join(out, "sft")), list(sets_sft))
+    write_resolved_config(out, "demo", {"sft": dataclasses.asdict(sft), "orl": dataclasses.asdict(orl),
+                                        "n_eval": n_eval, "gamma": gamma, "sweep": sweep, "n_sweep": n_sweep,
+                                        "n_boot": n_boot})
     print(f"[1/6] SFT of the base model ({sft.total_steps} steps) -> {sft.out}", flush=True)
-    base_dir = train_sft(sft, resume=True, quiet=quiet)
+    base_dir = train_sft(sft, resume=True, quiet=quiet, loggers=loggers)
     task = get_task(sft.task, **sft.task_kwargs)
     start = os.path.join(out, "start")
-    orl = apply_overrides(get_recipe(orl_recipe, init=start, out=os.path.join(out, "orl")), list(sets_orl))
     dcfg = orl.eval_decode
     print(f"[2/6] held-out evaluation of the base ({n_eval} problems)", flush=True)
     base = _eval(base_dir, task, n_eval, dcfg)
@@ -111,7 +135,7 @@ def run_demo(out: str, n_eval: int = 500, sft_recipe: str = "suite_sft_arith", o
     if not os.path.exists(os.path.join(start, "config.json")):
         make_orl_start(base_dir, start, gamma)
     print(f"[4/6] ORL ({orl.steps} steps, {orl.prompts_per_step} prompts x {orl.group_size} rollouts)", flush=True)
-    final = train_orl(orl, resume=True, quiet=quiet)
+    final = train_orl(orl, resume=True, quiet=quiet, loggers=loggers)
     print(f"[5/6] held-out evaluation of the ORL model ({n_eval} problems)", flush=True)
     after = _eval(final, task, n_eval, dcfg)
     print(f"      ORL: accuracy {after['accuracy']:.3f}  TPF {after['tpf']:.2f}", flush=True)
@@ -159,25 +183,37 @@ def _setting(dcfg) -> str:
     return f"rule {dcfg.rule}, {field} {getattr(dcfg, field):g}" if field else f"rule {dcfg.rule}"
 
 
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="orl demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/demo")
-    ap.add_argument("--n-eval", type=int, default=500)
-    ap.add_argument("--sft-recipe", default="suite_sft_arith", help="arith_sft / orl_arith: the same task graded "
-                    "on the final answer only (the demo before the suite)")
-    ap.add_argument("--orl-recipe", default="orl_suite_arith")
-    ap.add_argument("--set-sft", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--set-orl", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--gamma", type=float, default=8.0)
-    ap.add_argument("--quiet", action="store_true")
+def build_parser() -> argparse.ArgumentParser:
+    from .cli import HelpFormatter  # noqa: PLC0415
+    from .train.sft_cli import add_logger_arg  # noqa: PLC0415
+    ap = argparse.ArgumentParser(prog="orl demo", description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--out", default="runs/demo", help="run directory (each stage resumes from what it holds)")
+    ap.add_argument("--n-eval", type=int, default=500, help="held-out problems of the before/after evaluation")
+    ap.add_argument("--sft-recipe", default="suite_sft_arith", help="SFT recipe of the base (arith_sft / orl_arith: "
+                    "the same task graded on the final answer only, the demo before the suite)")
+    ap.add_argument("--orl-recipe", default="orl_suite_arith", help="ORL recipe of the ORL stage")
+    ap.add_argument("--set-sft", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field of the SFT recipe (repeatable; as orl sft --set)")
+    ap.add_argument("--set-orl", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field of the ORL recipe (repeatable; as orl train --set); both are checked "
+                         "before the SFT stage starts")
+    ap.add_argument("--gamma", type=float, default=8.0, help="pathway re-parameterisation of the ORL start model "
+                                                             "(orl convert scrp --gamma)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--sweep", default=None, metavar="V1,V2,...",
                     help="knob values of the frontier sweep (default: the decoder rule's grid plus the recipe's "
                          "setting; 'off': no sweep)")
     ap.add_argument("--n-sweep", type=int, default=None, help="held-out problems per sweep point (default: --n-eval)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the frontier gain's interval")
-    a = ap.parse_args(argv)
+    add_logger_arg(ap)
+    return ap
+
+
+def cli(argv: list[str]) -> int:
+    from .train.loggers import parse_loggers  # noqa: PLC0415
+    a = build_parser().parse_args(argv)
+    loggers = parse_loggers(a.logger)
     sweep = None if a.sweep is None else (() if a.sweep == "off" else [float(v) for v in a.sweep.split(",") if v])
     run_demo(a.out, a.n_eval, a.sft_recipe, a.orl_recipe, a.set_sft, a.set_orl, a.gamma, a.quiet, sweep=sweep,
-             n_sweep=a.n_sweep, n_boot=a.n_boot)
+             n_sweep=a.n_sweep, n_boot=a.n_boot, loggers=loggers)
     return 0

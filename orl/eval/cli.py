@@ -5,6 +5,7 @@
   orl eval score     --generations FILE --prepared DIR --out FILE
   orl eval main-table --model M --family F --role R [--limit N] [--out DIR] [--mbpp PATH]
   orl eval frontier  --base DIR --model DIR --out DIR [--task T | --recipe R] [--sweep V,...] [--limit N]
+  orl eval heldout   --model DIR --task T [--verifier V] [--task-kw k=v] [--limit N] [--show N] [--out FILE]
 
 Generation runs the model in this process; scoring runs every verifier in worker processes and
 every program in the sandbox, so a hostile completion cannot touch the generator. ``main-table``
@@ -16,6 +17,10 @@ is printed into every output file's header.
 ``frontier`` sweeps a base and a trained model over the decoder's knob on a task's held-out
 problems (in process, `orl.eval.heldout`) and writes ``frontier.json`` and ``frontier.png``: both
 accuracy-vs-TPF curves and the frontier gain with its bootstrap interval (`orl.eval.frontier`).
+``heldout`` scores one model on a task's held-out problems in process (`orl.eval.heldout.evaluate`):
+accuracy, TPF and, with ``--show N``, N completions with their verdicts -- the quick check of a
+model on your own task. ``--task`` takes what ``orl train --task`` takes (a built-in name,
+``module:function``, ``path/to/file.py:function`` or ``data.jsonl`` with ``--verifier``).
 """
 from __future__ import annotations
 
@@ -27,13 +32,92 @@ MAIN = ("gsm8k", "math500", "humaneval", "mbpp")
 
 
 def _llm(model: str, role: str, device: str, sets: list[str]):
+    from ..cli import check_device  # noqa: PLC0415
     from ..decode import DecodeConfig  # noqa: PLC0415
     from ..recipes.overrides import parse_sets  # noqa: PLC0415
     from ..recipes.validate import validate  # noqa: PLC0415
+    from ..serve.generate_cli import check_role  # noqa: PLC0415
     from ..serve.llm import LLM  # noqa: PLC0415
+    check_device(device)
     llm = LLM(model, role=role, device=device, **parse_sets(sets, DecodeConfig))
+    check_role(role, llm.model.config, model)
     validate(llm.decode_config)  # e.g. --set threshold=2: refused before any prompt is decoded
     return llm
+
+
+def _task_args(a, default: str | None = None) -> tuple[str, dict]:
+    """(task name, options) from ``--task`` / ``--verifier`` / ``--task-kw`` (as `orl train` takes them)."""
+    from ..recipes.overrides import parse_typed, parse_value, split_set, task_options  # noqa: PLC0415
+    from ..train.sft_cli import check_verifier  # noqa: PLC0415
+    name = a.task or default
+    if name is None:
+        raise ValueError("--task is required (a built-in name, module:function or data.jsonl)")
+    check_verifier(name, a)
+    options = task_options(name) or {}
+    kw = {}
+    for key, raw in map(split_set, a.task_kw):
+        if options and key not in options:
+            raise ValueError(f"--task-kw {key}: task {name!r} takes no option {key!r}; it takes: "
+                             f"{', '.join(sorted(options))}")
+        kw[key] = parse_typed(raw, options[key], key) if key in options else parse_value(raw)
+    if a.verifier:
+        kw["verifier"] = a.verifier
+    return name, kw
+
+
+def run_heldout(a) -> int:
+    """`orl eval heldout`: one model on a task's held-out problems, in process."""
+    import dataclasses  # noqa: PLC0415
+
+    from ..cli import check_device  # noqa: PLC0415
+    from ..decode import DecodeConfig, protocol  # noqa: PLC0415
+    from ..model import load_pretrained  # noqa: PLC0415
+    from ..recipes import get_recipe  # noqa: PLC0415
+    from ..recipes.overrides import parse_sets  # noqa: PLC0415
+    from ..recipes.validate import validate  # noqa: PLC0415
+    from ..serve.generate_cli import check_role  # noqa: PLC0415
+    from ..tokenizer import load_tokenizer  # noqa: PLC0415
+    from ..train.loop import ORLConfig  # noqa: PLC0415
+    from ..train.sft_cli import build_task  # noqa: PLC0415
+    from .heldout import evaluate  # noqa: PLC0415
+    check_device(a.device)
+    recipe = get_recipe(a.recipe, kind=ORLConfig) if a.recipe else None
+    name, kw = _task_args(a, recipe.task if recipe else None)
+    if recipe is not None and name == recipe.task:  # the recipe's options only with the recipe's task
+        kw = {**recipe.task_kwargs, **kw}
+    task = build_task(name, kw)
+    model = load_pretrained(a.model, device=a.device).eval()
+    check_role(a.role, model.config, a.model)
+    sets = parse_sets(a.set, DecodeConfig)
+    if a.max_new_tokens is not None:
+        sets["max_new_tokens"] = a.max_new_tokens
+    if recipe is not None:
+        dcfg = dataclasses.replace(recipe.eval_decode or dataclasses.replace(recipe.decode, temperature=0.0), **sets)
+    else:
+        dcfg = protocol(model.config.family, a.role, **{"block_size": model.config.block_size, **sets})
+    validate(dcfg)
+    problems = task.problems(a.split)[:a.limit]
+    r = evaluate(model, load_tokenizer(a.model), task, problems, dcfg, chat=a.chat)
+    records = r.pop("records")
+    by_id = {p.id: p for p in problems}
+    for x in records[:a.show]:
+        verdict = ("correct" if x["correct"] >= 1.0 else "wrong") + (f"; {x['error']}" if x["error"] else "")
+        print(f"--- {x['id']} ({verdict})"
+              f"\nprompt:     {by_id[x['id']].prompt!r}\nanswer:     {by_id[x['id']].answer!r}\n"
+              f"completion: {x['completion']!r}")
+    n_right = sum(1 for x in records if x["correct"] >= 1.0)
+    print(f"{task.name} ({a.split}): accuracy {100 * r['accuracy']:.1f} % ({n_right} of {r['n']}), TPF {r['tpf']:.2f} "
+          f"(no commit {r['tpf_no_commit']:.2f}), {r['steps_per_block']:.2f} steps/block | {dcfg.rule}, block "
+          f"{dcfg.block_size}, max_new_tokens {dcfg.max_new_tokens}")
+    if a.out:
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        keep = ("id", "completion", "correct", "error", "n_tokens", "forwards", "forwards_no_commit")
+        summary = {**r, "task": name, "task_kwargs": kw, "model": a.model, "role": a.role, "decode": dcfg.to_dict(),
+                   "records": [{k: x[k] for k in keep} for x in records]}
+        out.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0
 
 
 def _generate_fn(llm, max_new_tokens: int):
@@ -134,17 +218,20 @@ def run_frontier(a) -> int:
     models = {name: (load_pretrained(d, device=a.device).eval(), load_tokenizer(d))
               for name, d in (("base", a.base), ("model", a.model))}
     mcfg = models["base"][0].config
-    task_name, task_kw = a.task, parse_sets(a.task_kw)
     if a.recipe:  # the recipe's held-out protocol and task (e.g. orl_arith for the demo's models)
-        r = get_recipe(a.recipe)
+        from ..train.loop import ORLConfig  # noqa: PLC0415
+        r = get_recipe(a.recipe, kind=ORLConfig)
         if getattr(r, "eval_decode", None) is None:
             raise ValueError(f"recipe {a.recipe!r} has no eval_decode (an ORL recipe has); use --set instead")
-        dcfg, task_name, task_kw = r.eval_decode, a.task or r.task, {**r.task_kwargs, **task_kw}
-        dcfg = dataclasses.replace(dcfg, **parse_sets(a.set, DecodeConfig))
+        task_name, task_kw = _task_args(a, r.task)
+        if task_name == r.task:  # the recipe's task options only with the recipe's task
+            task_kw = {**r.task_kwargs, **task_kw}
+        dcfg = dataclasses.replace(r.eval_decode, **parse_sets(a.set, DecodeConfig))
     else:
+        task_name, task_kw = _task_args(a, "arith")
         dcfg = protocol(mcfg.family, "base", **{"block_size": mcfg.block_size, **parse_sets(a.set, DecodeConfig)})
     validate(dcfg)
-    task = get_task(task_name or "arith", **task_kw)
+    task = get_task(task_name, **task_kw)
     problems = task.problems("test")[:a.limit]
     values = None if a.sweep is None else [float(v) for v in a.sweep.split(",") if v]
     rows = {}
@@ -161,60 +248,98 @@ def run_frontier(a) -> int:
     return 0
 
 
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="orl eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="op", required=True)
-    p = sub.add_parser("prepare", help="write frozen prompts + SHA256 manifest")
-    p.add_argument("--task", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--limit", type=int)
-    p.add_argument("--tokenizer", help="render prompts with this tokenizer's chat template (qwen3, char, DIR)")
-    g = sub.add_parser("generate", help="append-only, resumable generation over prepared prompts")
-    s = sub.add_parser("score", help="score a generations file in isolation")
-    t = sub.add_parser("main-table", help="all four main-table tasks beside the published numbers")
+def build_parser() -> argparse.ArgumentParser:
+    from ..cli import HelpFormatter  # noqa: PLC0415
+    from ..serve.generate_cli import ROLE_HELP  # noqa: PLC0415
+    from ..train.sft_cli import TASK_HELP, add_task_args  # noqa: PLC0415
+    ap = argparse.ArgumentParser(prog="orl eval", description=__doc__, formatter_class=HelpFormatter)
+    sub = ap.add_subparsers(dest="op", required=True, metavar="{prepare,generate,score,main-table,frontier,heldout}")
+
+    def parser(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
+
+    p = parser("prepare", "write a task's frozen prompts + SHA256 manifest to a folder")
+    p.add_argument("--task", required=True, help=TASK_HELP.split(". Replaces")[0])
+    p.add_argument("--verifier", choices=("exact", "math", "code"), help="a data-file task's verifier (default: exact)")
+    p.add_argument("--task-kw", action="append", default=[], metavar="KEY=VALUE", help="a task option (repeatable)")
+    p.add_argument("--out", required=True, help="the prepared folder")
+    p.add_argument("--limit", type=int, help="first N problems (default: all)")
+    p.add_argument("--tokenizer", help="render prompts with this tokenizer's chat template: qwen3, char or a "
+                                       "directory (default: the raw prompts)")
+    g = parser("generate", "append-only, resumable generation over a prepared folder")
+    s = parser("score", "score a generations file in isolation (worker processes, the sandbox)")
+    t = parser("main-table", "all four main-table tasks beside the published numbers")
     for q in (g, t):
-        q.add_argument("--model", required=True)
-        q.add_argument("--role", default="base", choices=["base", "orl"])
-        q.add_argument("--device", default="cpu")
-        q.add_argument("--max-new-tokens", type=int, default=512)
-        q.add_argument("--limit", type=int)
+        q.add_argument("--model", required=True, help="checkpoint directory or named size")
+        q.add_argument("--role", default="base", choices=["base", "orl"],
+                       help=ROLE_HELP + ("; main-table compares with the published row of this role" if q is t else ""))
+        q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
+        q.add_argument("--max-new-tokens", type=int, default=512, help="token budget per completion")
+        q.add_argument("--limit", type=int, help="first N prompts of each task (default: all)")
         q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="decoding protocol override, e.g. --set threshold=0.8")
-    g.add_argument("--prepared", required=True)
-    g.add_argument("--out", required=True)
-    s.add_argument("--generations", required=True)
-    s.add_argument("--prepared", required=True)
-    s.add_argument("--out", required=True)
-    t.add_argument("--family", required=True, choices=["sdar", "llada", "dgemma"])
-    t.add_argument("--out", default="runs/main-table")
-    t.add_argument("--tasks", default=",".join(MAIN))
-    t.add_argument("--mbpp", help="local MBPP file (MBPP ships in no package; see orl/tasks/mbpp.py)")
-    t.add_argument("--mbpp-sha256", help="expected sha256 of --mbpp when it is not the public file")
-    fr = sub.add_parser("frontier", help="accuracy-vs-TPF frontiers of a base and a trained model (held-out)")
+                       help="decoding protocol override (repeatable), e.g. --set threshold=0.8")
+    g.add_argument("--prepared", required=True, help="folder written by `orl eval prepare`")
+    g.add_argument("--out", required=True, help="generations JSONL (appended to: a rerun resumes)")
+    s.add_argument("--generations", required=True, help="generations JSONL of `orl eval generate`")
+    s.add_argument("--prepared", required=True, help="the prepared folder the generations came from")
+    s.add_argument("--out", required=True, help="scored JSONL (appended to: a rerun resumes)")
+    t.add_argument("--family", required=True, choices=["sdar", "llada", "dgemma"],
+                   help="the model's family: picks the published row (with --role)")
+    t.add_argument("--out", default="runs/main-table", help="folder of prepared inputs, logs and the table")
+    t.add_argument("--tasks", default=",".join(MAIN), help="comma-separated task names")
+    t.add_argument("--mbpp", help="local MBPP file (MBPP ships in no package; see orl/tasks/mbpp.py; default: "
+                                  "$ORL_DATA/mbpp/)")
+    t.add_argument("--mbpp-sha256", help="expected sha256 of --mbpp when it is not the public file (default: the "
+                                         "public file's)")
+    fr = parser("frontier", "accuracy-vs-TPF frontiers of a base and a trained model on held-out problems")
     fr.add_argument("--base", required=True, help="the base model's checkpoint directory")
     fr.add_argument("--model", required=True, help="the trained (e.g. ORL) model's checkpoint directory")
-    fr.add_argument("--out", required=True)
-    fr.add_argument("--task", help="task name or module:function (default: the recipe's, else arith)")
-    fr.add_argument("--task-kw", action="append", default=[], metavar="KEY=VALUE", help="task option")
-    fr.add_argument("--recipe", help="take the held-out decoding protocol and task from this ORL recipe")
+    fr.add_argument("--out", required=True, help="folder for frontier.json and frontier.png")
+    add_task_args(fr, TASK_HELP.split(". Replaces")[0] + " (default: the recipe's, else arith)")
+    fr.add_argument("--recipe", help="take the held-out decoding protocol and task from this ORL recipe "
+                                     "(default: the family's base protocol)")
     fr.add_argument("--sweep", metavar="V1,V2,...", help="knob values (default: the rule's grid, "
                                                           "orl.eval.frontier.GRIDS); the protocol's own is added")
-    fr.add_argument("--limit", type=int, help="first N held-out problems")
+    fr.add_argument("--limit", type=int, help="first N held-out problems (default: all)")
     fr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="decoding protocol override")
     fr.add_argument("--drop", type=float, default=0.01, help="the level: base's best accuracy minus this")
-    fr.add_argument("--n-boot", type=int, default=1000)
+    fr.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the gain's interval")
     fr.add_argument("--chat", action="store_true", help="render prompts with the tokenizer's chat template")
-    fr.add_argument("--device", default="cpu")
+    fr.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
+    h = parser("heldout", "one model's accuracy and TPF on a task's held-out problems (in process)")
+    h.add_argument("--model", required=True, help="checkpoint directory")
+    add_task_args(h, TASK_HELP.split(". Replaces")[0] + " (default: the recipe's)")
+    h.add_argument("--recipe", help="take the decoding protocol (eval_decode) and the task from this ORL recipe "
+                                    "(default: the family's protocol for --role)")
+    h.add_argument("--role", default="base", choices=["base", "orl"], help=ROLE_HELP)
+    h.add_argument("--split", default="test", help="the task's split to score")
+    h.add_argument("--limit", type=int, help="first N problems (default: all)")
+    h.add_argument("--max-new-tokens", type=int, help="token budget per completion (default: the protocol's)")
+    h.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="decoding protocol override (repeatable), e.g. --set threshold=0.8")
+    h.add_argument("--show", type=int, default=0, metavar="N", help="print the first N completions with their verdicts")
+    h.add_argument("--out", help="also write the summary and every completion to this JSON file (default: none)")
+    h.add_argument("--chat", action="store_true", help="render prompts with the tokenizer's chat template")
+    h.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
+    return ap
+
+
+def cli(argv: list[str]) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.op == "frontier":
         return run_frontier(a)
+    if a.op == "heldout":
+        return run_heldout(a)
 
     if a.op == "prepare":
-        from ..tokenizer import load_tokenizer  # noqa: PLC0415
         from .prepare import prepare  # noqa: PLC0415
-        tok = load_tokenizer(a.tokenizer) if a.tokenizer else None
-        print(prepare(a.task, a.out, limit=a.limit, chat_template_tokenizer=tok))
+        tok = None
+        if a.tokenizer:  # (transformers only when a chat template is asked for)
+            from ..tokenizer import load_tokenizer  # noqa: PLC0415
+            tok = load_tokenizer(a.tokenizer)
+        name, kw = _task_args(a)
+        print(prepare(name, a.out, limit=a.limit, chat_template_tokenizer=tok, task_kwargs=kw))
         return 0
     if a.op == "score":
         from .score import score_jsonl  # noqa: PLC0415

@@ -41,15 +41,22 @@ def make_orl_start(src: str, dst: str, gamma: float = 8.0) -> None:
     save_pretrained(model, dst, tokenizer=tok)
 
 
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="orl convert", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    from ..cli import HelpFormatter  # noqa: PLC0415
+    ap = argparse.ArgumentParser(prog="orl convert", description=__doc__, formatter_class=HelpFormatter)
     sub = ap.add_subparsers(dest="op", required=True)
-    s = sub.add_parser("scrp", help="ORL start model: ensure a residual pathway, rescale it by gamma")
-    s.add_argument("--in", dest="src", required=True)
-    s.add_argument("--out", dest="dst", required=True)
-    s.add_argument("--gamma", type=float, default=8.0)
-    a = ap.parse_args(argv)
+    what = "ORL start model: ensure a residual pathway, rescale it by gamma (the logits are unchanged)"
+    s = sub.add_parser("scrp", help=what, description=what, formatter_class=HelpFormatter)
+    s.add_argument("--in", dest="src", required=True, metavar="BASE", help="the base model's checkpoint directory "
+                                                                          "(e.g. an `orl sft` run's OUT/final)")
+    s.add_argument("--out", dest="dst", required=True, metavar="START", help="where to write the start model")
+    s.add_argument("--gamma", type=float, default=8.0, help="pathway scale: W_down stored x gamma, output / gamma; "
+                                                            "shrinks Adam's per-step change of the pathway by gamma")
+    return ap
+
+
+def cli(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
     torch.set_grad_enabled(False)
     make_orl_start(a.src, a.dst, a.gamma)
     print(f"wrote {a.dst} (pathway gamma = {a.gamma})")

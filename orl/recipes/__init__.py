@@ -1,6 +1,7 @@
 """Recipes: full runs as Python functions returning config dataclasses (docs/STYLE.md convention 1),
 one module per task (`arith`: SFT of the demo's base; `orl_arith`: ORL on it; `suite`: both for each
-family of the embedded task suite), and their lookup.
+family of the embedded task suite), and their lookup: `get_recipe` with the config type a command runs
+refuses a recipe of another type (an ORL recipe given to ``orl sft``) with the command that runs it.
 
 Variants call a base recipe and change fields; the command line changes more with ``--set``
 (`orl.recipes.overrides`, re-exported here), and `orl.recipes.validate` checks every field's type, range
@@ -29,8 +30,41 @@ def list_recipes() -> dict[str, object]:
     return found
 
 
-def get_recipe(name: str, **kwargs):
+# config type name -> (what a recipe of it is, how to run recipe {name})
+KINDS = {"SFTConfig": ("an SFT recipe", "run it with `orl sft --recipe {name}`"),
+         "ORLConfig": ("an ORL recipe", "run it with `orl train --recipe {name}`"),
+         "RFTConfig": ("an RFT baseline recipe", "it runs through orl.train.rft.train_rft (benchmarks/suite_runs.py)")}
+
+
+def recipe_kind(fn) -> str | None:
+    """The name of the config type a recipe function returns, from its return annotation."""
+    import typing  # noqa: PLC0415
+    try:
+        ret = typing.get_type_hints(fn).get("return")
+    except (NameError, TypeError):
+        return None
+    return getattr(ret, "__name__", None)
+
+
+def get_recipe(name: str, kind: type | None = None, **kwargs):
+    """The config recipe ``name`` returns (called with ``kwargs``). ``kind``: the config type the
+    caller runs; a recipe of another type (an ORL recipe given to ``orl sft``) is a ValueError naming
+    the command that runs it and the recipes of ``kind``, raised before the recipe is called."""
     table = list_recipes()
     if name not in table:
-        raise ValueError(f"unknown recipe {name!r}; available: {', '.join(sorted(table))}")
-    return table[name](**kwargs)
+        import difflib  # noqa: PLC0415
+        close = difflib.get_close_matches(name, table, n=1)
+        raise ValueError(f"unknown recipe {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                         f"available: {', '.join(sorted(table))}")
+    if kind is not None:
+        got = recipe_kind(table[name])
+        if got is not None and got != kind.__name__:
+            what, how = KINDS.get(got, (f"a {got} recipe", "it runs elsewhere"))
+            want = KINDS.get(kind.__name__, (f"a {kind.__name__} recipe",))[0]
+            mine = sorted(n for n, fn in table.items() if recipe_kind(fn) == kind.__name__)
+            raise ValueError(f"recipe {name!r} is {what} ({got}), not {want}: {how.format(name=name)}; "
+                             f"{want.split(' ', 1)[1]}s are {', '.join(mine)}")
+    cfg = table[name](**kwargs)
+    if kind is not None and not isinstance(cfg, kind):
+        raise ValueError(f"recipe {name!r} returned a {type(cfg).__name__}, expected a {kind.__name__}")
+    return cfg

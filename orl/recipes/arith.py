@@ -13,7 +13,7 @@ def arith_sft(out: str = "runs/arith-sft") -> SFTConfig:
         task_kwargs=dict(terms=4, digits=1),
         stages=[SFTStage("diffusion", steps=600, lr=2e-3, selfcond=0.0, warmup=50),
                 SFTStage("selfcond", steps=400, lr=1e-3, selfcond=0.5, warmup=20)],
-        batch_size=64, weighting="flat", out=out, save_every=300)
+        batch_size=64, weighting="flat", out=out, save_every=300, eval_every=200)  # eval: the bar's heldout_acc
 
 
 def arith_sft_smoke(out: str = "runs/arith-sft-smoke") -> SFTConfig:
@@ -22,4 +22,5 @@ def arith_sft_smoke(out: str = "runs/arith-sft-smoke") -> SFTConfig:
     cfg.size = "tiny"
     cfg.stages = [SFTStage("diffusion", steps=4, selfcond=0.0, warmup=2), SFTStage("selfcond", steps=4, warmup=2)]
     cfg.batch_size, cfg.save_every, cfg.log_every = 8, 3, 2
+    cfg.eval_every, cfg.eval_n = 0, 8
     return cfg

@@ -220,13 +220,17 @@ def _dict_schema(owner, field: str | None, current: dict, path: str) -> dict | N
 
 
 def task_options(task: str) -> dict | None:
-    """Option name -> annotation of a built-in task's constructor (its fixed options left out);
-    None for a user's ``module:function`` task (not imported here) or an unknown name."""
+    """Option name -> annotation of a built-in task's constructor (its fixed options left out), or of
+    a data-file task's (``data.jsonl``: `orl.tasks.jsonl.JsonlTask`, its path left out); None for a
+    user's ``module:function`` task (not imported here) or an unknown name."""
     from ..tasks.registry import BUILTIN  # noqa: PLC0415
-    if task not in BUILTIN:
+    if task.endswith((".jsonl", ".json", ".jsonl.gz")):
+        module, cls_name, fixed = "orl.tasks.jsonl", "JsonlTask", {"path": task}
+    elif task not in BUILTIN:
         return None
+    else:
+        module, cls_name, fixed = BUILTIN[task]
     import importlib  # noqa: PLC0415
-    module, cls_name, fixed = BUILTIN[task]
     cls = getattr(importlib.import_module(module), cls_name)
     try:
         hints = typing.get_type_hints(cls if dataclasses.is_dataclass(cls) else cls.__init__)

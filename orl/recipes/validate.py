@@ -80,7 +80,7 @@ def _rules() -> dict[type, dict[str, Range | tuple]]:
         RFTConfig: {**run, "weighting": WEIGHTINGS},
         SFTConfig: {"batch_size": AT_LEAST_1, "weight_decay": AT_LEAST_0, "grad_clip": POSITIVE,
                     "save_every": AT_LEAST_1, "log_every": AT_LEAST_1, "threads": AT_LEAST_1,
-                    "weighting": WEIGHTINGS, "family": FAMILIES},
+                    "weighting": WEIGHTINGS, "family": FAMILIES, "eval_n": AT_LEAST_0, "eval_every": AT_LEAST_0},
         SFTStage: {"steps": AT_LEAST_1, "lr": POSITIVE, "block_size": AT_LEAST_1, "selfcond": FRACTION,
                    "warmup": AT_LEAST_0, "min_lr_ratio": FRACTION},
         LossConfig: {"supervise": ("unresolved", "committed"), "gate": ("hard", "soft", "none"),

@@ -7,7 +7,12 @@ ends in the same state as an uninterrupted one (tested). Under ``torchrun`` each
 slice of the prompts with a full copy of the weights, the trained model is sharded with FSDP2,
 losses are normalised over the global number of responses and gradients summed across ranks
 (`orl.train.distributed`); checkpoints go through DCP and resume on any number of ranks.
-Does not own: decoding (`orl.decode`), capture (`rollout`), packing (`pack`), losses (`losses`).
+A step whose rollouts hold no verified one updates nothing: the bar shows its loss as ``-`` and
+``no_verified``, the share of the run's steps so far without one (in ``metrics.jsonl`` under
+``run.no_verified_share``, with ``run.lr``; the loggers get both), and a warning says so once that
+share passes `NO_VERIFIED_WARN`, and again at the end.
+Does not own: decoding (`orl.decode`), capture (`rollout`), packing (`pack`), losses (`losses`),
+the loggers (`orl.train.loggers`).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import copy
 import dataclasses
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -189,6 +195,9 @@ class ORLTrainer:
         self.device = device
         self.run = open_run(cfg.out, "orl", cfg, cfg.steps, resume=resume, resume_from=resume_from,
                             allow_config_change=allow_config_change)
+        if rank == 0:
+            from .loggers import write_resolved_config  # noqa: PLC0415
+            write_resolved_config(cfg.out, "orl", cfg)
         from ..eval.pool import VerifierPool  # noqa: PLC0415
         # forked before the model loads: the workers share none of its pages (orl.eval.pool.VerifierPool.start)
         self.verifier = VerifierPool(task, workers=min(cfg.group_size, os.cpu_count() or 1)).start()
@@ -221,6 +230,11 @@ class ORLTrainer:
             # stored with the checkpoint unless that step is this one
             self.behaviour.load_state_dict(st["behaviour"] if "behaviour" in st else self._state())
         self.runtime = _rollout_runtime(cfg, self.policy(refresh=True), device)
+        trained = model.config.block_size
+        if self.rank == 0 and cfg.decode.block_size != trained:  # a recipe written for another model, most often
+            print(f"note: decode.block_size {cfg.decode.block_size} is not the start model's block size {trained} "
+                  f"(the one it was trained with); --set decode.block_size={trained} --set eval_decode.block_size="
+                  f"{trained} rolls out as it was trained", file=sys.stderr, flush=True)
 
     def _state(self) -> dict:
         """The trained model's full state dict (a collective when sharded)."""
@@ -434,32 +448,59 @@ def _micro_batches(sels: list, budget: int, K: int) -> list[list]:
 
 
 def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
-              on_eval=None, resume_from: str | None = None, allow_config_change: bool = False) -> str:
+              on_eval=None, resume_from: str | None = None, allow_config_change: bool = False,
+              loggers: tuple[str, ...] = ("tensorboard",)) -> str:
     """Run (or resume) ORL; returns the final model directory (``out/final``). ``resume_from``,
-    ``allow_config_change``: as `orl.train.sft.train_sft`."""
+    ``allow_config_change``, ``loggers``: as `orl.train.sft.train_sft`."""
     tr = ORLTrainer(cfg, resume=resume, resume_from=resume_from, allow_config_change=allow_config_change)
     try:
-        return _orl_loop(tr, cfg, stop_after, quiet, on_eval)
+        return _orl_loop(tr, cfg, stop_after, quiet, on_eval, loggers)
     finally:
         tr.close()
 
 
-def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: bool, on_eval) -> str:
+NO_VERIFIED_WARN = 0.25  # share of steps without a verified rollout above which the loop warns
+
+
+def _steps_without_update(run_dir: str, step: int) -> int:
+    """Of the steps <= ``step`` logged in ``run_dir/metrics.jsonl`` (a resumed run's earlier steps), those
+    that did not update (no ``loss``: no verified rollout to replay)."""
+    import json  # noqa: PLC0415
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not step or not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return sum(1 for r in rows if r.get("step", 0) <= step and "loss" not in r)
+
+
+def _no_verified_warning(n: int, steps: int, cfg: ORLConfig) -> str:
+    return (f"warning: {n} of {steps} ORL steps ({100 * n / steps:.0f} %) had no verified rollout, so they did not "
+            f"update the model: the start model rarely solves task {cfg.task!r}. Give it more SFT, more rollouts per "
+            f"step (--set group_size={2 * cfg.group_size}), or check the verifier on its completions "
+            f"(`orl eval heldout --model {cfg.init} --task {cfg.task} --show 5`)")
+
+
+def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: bool, on_eval,
+              loggers: tuple[str, ...] = ("tensorboard",)) -> str:
     from tqdm import tqdm  # noqa: PLC0415
     from ..eval.heldout import evaluate  # noqa: PLC0415
+    from .loggers import Loggers, open_loggers  # noqa: PLC0415
 
     rank = tr.rank
-    writer = None
+    log = Loggers()
     if rank == 0:
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-            writer = SummaryWriter(os.path.join(cfg.out, "tb"), purge_step=tr.step_i + 1)  # hides steps re-run
-        except Exception:
-            pass
+        log = open_loggers(loggers, cfg.out, "orl", cfg, tr.step_i,
+                           metrics=("orl/reward", "orl/tpf", "orl/eval_accuracy", "orl/eval_tpf"))
+    no_update = _steps_without_update(cfg.out, tr.step_i) if rank == 0 else 0
+    warned = False
     bar = tqdm(total=cfg.steps, initial=tr.step_i, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
     while tr.step_i < cfg.steps:
+        lr = cfg.lr * lr_factor(tr.step_i, cfg)
         m = tr.step()
         step = tr.step_i
+        no_update += "loss" not in m
+        share = no_update / step
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             em = tr.eval_model()  # every rank: unsharding is a collective; rank 0 evaluates
             if rank == 0:
@@ -472,20 +513,25 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
                 if on_eval:
                     on_eval(step, ev)
         if rank == 0:  # one record per step: the log was cut back to the resumed step
-            tr.run.log({"step": step, **m})
+            run_state = {"lr": lr, "no_verified_share": share, "steps_without_update": no_update}
+            tr.run.log({"step": step, **m, "run": run_state})
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}",
+            bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}",
+                            loss=f"{m['loss']:.3f}" if "loss" in m else "-", no_verified=f"{100 * share:.0f}%",
                             verify_err=m["reward_errors"])
-            if writer and (step % cfg.log_every == 0):
-                for k, v in m.items():
-                    writer.add_scalar(f"orl/{k}", v, step)
+            if step % cfg.log_every == 0:
+                log.log("orl", {**m, "lr": lr, "no_verified_share": share}, step)
+            if not warned and share > NO_VERIFIED_WARN and 10 <= step < cfg.steps:  # (the end says it again)
+                warned = True
+                bar.write(_no_verified_warning(no_update, step, cfg), file=sys.stderr)
         if step % cfg.save_every == 0 or step == cfg.steps:
             tr.save()
         if stop_after is not None and step >= stop_after:
             break
     bar.close()
-    if writer:
-        writer.close()
+    log.close()
+    if rank == 0 and tr.step_i and no_update / tr.step_i > NO_VERIFIED_WARN:
+        print(_no_verified_warning(no_update, tr.step_i, cfg), file=sys.stderr, flush=True)
     final = os.path.join(cfg.out, "final")
     if tr.step_i >= cfg.steps:
         fm = tr.eval_model()

@@ -4,9 +4,14 @@ Owns the SFT loop: model construction (from scratch, from an autoregressive Qwen
 from an orl checkpoint), per-stage LR schedule, batches from a task's worked solutions, the
 two-pass self-conditioning that trains the residual pathway (2.2: first pass without residual,
 its distribution detached into z, second pass with z at the residual positions), checkpoints,
-TensorBoard scalars and a progress bar.
+the loggers' scalars (`orl.train.loggers`), a progress bar and the held-out check: the task's
+accuracy on ``eval_n`` held-out problems (greedy decode with the family's base protocol, scored by
+the task's verifier) at the end of each stage and every ``eval_every`` steps, shown in the bar as
+``heldout_acc`` beside ``masked_acc`` (the loss's masked-token accuracy, a different and much higher
+number), and a warning when the last one is near chance: ORL learns only from verified rollouts.
 Batch contents and corruption are functions of (seed, step) only, so a resumed run reproduces
-an uninterrupted one bit for bit on CPU.
+an uninterrupted one bit for bit on CPU; the held-out check draws no training randomness (its decode
+runs under a forked RNG) and changes no weight.
 Does not own: the loss and corruption (`orl.train.noise`), checkpoint files (`orl.train.checkpoint`).
 """
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +65,8 @@ class SFTConfig:
     save_every: int = 500
     log_every: int = 20
     threads: int | None = None
+    eval_n: int = 32                                  # held-out problems of the bar's task accuracy (0: none)
+    eval_every: int = 0                               # ... also every this many steps (0: each stage's end only)
 
     @property
     def total_steps(self) -> int:
@@ -97,14 +105,19 @@ def build_for(cfg: SFTConfig, tokenizer) -> torch.nn.Module:
 
 
 def task_pairs(task, tokenizer, step: int, batch_size: int, K: int, chat: bool) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids + EOS padded to a multiple of K) for training step ``step``."""
+    """(prompt ids, response ids + EOS padded to a multiple of K) for training step ``step``. The
+    problems are ``task.sample("train", i)``, or for a task without ``sample`` its train problems in order, cycled."""
     from ..eval.heldout import encode_prompt  # noqa: PLC0415
     if not hasattr(task, "solution"):
         raise TypeError(f"task {task.name!r} has no solution(problem) method; SFT needs worked solutions")
+    sample = getattr(task, "sample", None)
+    if sample is None:
+        pool = task.problems("train")
+        sample = lambda split, i: pool[i % len(pool)]  # noqa: E731
     eos = tokenizer.eos_token_id
     pairs = []
     for i in range(batch_size):
-        p = task.sample("train", step * batch_size + i)
+        p = sample("train", step * batch_size + i)
         resp = tokenizer.encode(task.solution(p), add_special_tokens=False) + [eos]
         resp += [eos] * (-len(resp) % K)
         pairs.append((encode_prompt(tokenizer, p.prompt, chat), resp))
@@ -127,17 +140,63 @@ def sft_step(model, batch, noise: str, selfcond_rows: torch.Tensor, weighting: s
 
 
 def train_sft(cfg: SFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
-              resume_from: str | None = None, allow_config_change: bool = False) -> str:
+              resume_from: str | None = None, allow_config_change: bool = False,
+              loggers: tuple[str, ...] = ("tensorboard",)) -> str:
     """Run (or resume) SFT; returns the directory of the final model (``out/final``). ``resume``:
     from the run directory's newest complete checkpoint; ``resume_from``: from that checkpoint
-    folder; ``allow_config_change``: resume although the config differs (`orl.train.checkpoint`)."""
+    folder; ``allow_config_change``: resume although the config differs (`orl.train.checkpoint`);
+    ``loggers``: `orl.train.loggers.LOGGERS` names. Writes ``out/resolved_config.json``."""
+    from .loggers import write_resolved_config  # noqa: PLC0415
     with open_run(cfg.out, "sft", cfg, cfg.total_steps, resume=resume, resume_from=resume_from,
                   allow_config_change=allow_config_change) as run:
-        return _sft_loop(cfg, run, stop_after, quiet)
+        write_resolved_config(cfg.out, "sft", cfg)
+        return _sft_loop(cfg, run, stop_after, quiet, loggers)
 
 
-def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool) -> str:
+NEAR_CHANCE = 0.05  # held-out accuracy within this of the task's chance (``task.chance``, else 0) draws a warning
+
+
+def heldout_check(model, tok, task, cfg: SFTConfig, K: int) -> dict | None:
+    """The task's accuracy (and TPF) on its first ``cfg.eval_n`` held-out problems: greedy decode with
+    the family's base protocol at block size ``K``, a budget of the longest reference solution plus a
+    block, scored by the task's verifier (`orl.eval.heldout.evaluate`). Under a forked RNG, so it
+    draws nothing from the training's; None when the task has no held-out problems."""
+    from ..decode import protocol  # noqa: PLC0415
+    from ..eval.heldout import evaluate  # noqa: PLC0415
+    try:
+        problems = task.problems("test")[:cfg.eval_n]
+    except (ValueError, KeyError):
+        return None
+    if not problems:
+        return None
+    longest = max(len(tok.encode(task.solution(p), add_special_tokens=False)) for p in problems) + 1
+    dcfg = protocol(model.config.family, "base", block_size=K, max_new_tokens=(-(-longest // K) + 1) * K)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            r = evaluate(model, tok, task, problems, dcfg, chat=cfg.chat)
+    finally:
+        model.train(was_training)
+    return {"accuracy": r["accuracy"], "tpf": r["tpf"], "n": r["n"]}
+
+
+def _near_chance_warning(task, ev: dict, out: str, task_spec: str) -> str | None:
+    chance = float(getattr(task, "chance", 0.0))
+    if ev["accuracy"] > chance + NEAR_CHANCE:
+        return None
+    return (f"warning: held-out accuracy after SFT is {100 * ev['accuracy']:.1f} % ({round(ev['accuracy'] * ev['n'])} "
+            f"of {ev['n']} held-out problems; chance {100 * chance:.0f} %): ORL learns only from verified rollouts, so "
+            "most of its steps would have none. Train longer or larger (--set stages.0.steps=N, --set size=small), "
+            f"or check the task's solutions and verifier: `orl eval heldout --model {os.path.join(out, 'final')} "
+            f"--task {task_spec} --show 5` prints completions")
+
+
+def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool,
+              loggers: tuple[str, ...] = ("tensorboard",)) -> str:
     from tqdm import tqdm  # noqa: PLC0415
+    from .loggers import open_loggers  # noqa: PLC0415
     from ..tasks.registry import get_task  # noqa: PLC0415
     from ..tokenizer import load_tokenizer  # noqa: PLC0415
 
@@ -151,15 +210,13 @@ def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool) 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.stages[0].lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.95))
     step = run.load(model, opt)["step"]
-    writer = None
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-        writer = SummaryWriter(os.path.join(cfg.out, "tb"), purge_step=step + 1)  # hides steps re-run
-    except Exception:  # tensorboard missing: scalars only go to the progress bar
-        pass
+    log = open_loggers(loggers, cfg.out, "sft", cfg, step, metrics=("sft/loss", "sft/heldout_accuracy"))
     total = cfg.total_steps
+    stage_ends = {sum(st.steps for st in cfg.stages[:i + 1]) for i in range(len(cfg.stages))}
     bar = tqdm(total=total, initial=step, desc="sft", disable=quiet, dynamic_ncols=True)
     t0, toks = time.time(), 0
+    ev = None
+    shown = {}
     while step < total:
         stage, i = stage_at(cfg, step)
         K = stage.block_size or mc.block_size
@@ -182,21 +239,33 @@ def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool) 
         step += 1
         toks += int(batch.tokens.numel())
         bar.update(1)
+        checked = cfg.eval_n > 0 and (step in stage_ends or (cfg.eval_every and step % cfg.eval_every == 0))
+        if checked:
+            ev = heldout_check(model, tok, task, cfg, K)
+            if ev is not None:
+                shown["heldout_acc"] = f"{100 * ev['accuracy']:.0f}% (n={ev['n']})"
+                log.log("sft", {"heldout_accuracy": ev["accuracy"], "heldout_tpf": ev["tpf"]}, step)
         if step % cfg.log_every == 0 or step == total:
             m.update(lr=opt.param_groups[0]["lr"], grad_norm=float(gnorm), tokens_per_s=toks / (time.time() - t0))
-            bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['token_acc']:.3f}", stage=stage.name)
-            if writer:
-                for k, v in m.items():
-                    writer.add_scalar(f"sft/{k}", v, step)
+            m["masked_token_acc"] = m.pop("token_acc")  # accuracy on the masked tokens the loss sees, not the task's
+            bar.set_postfix(loss=f"{m['loss']:.3f}", masked_acc=f"{m['masked_token_acc']:.3f}", **shown,
+                            stage=stage.name)
+            log.log("sft", m, step)
         if step % cfg.save_every == 0 or step == total:
             run.save(step, model, opt, {}, tokenizer=tok)
         if stop_after is not None and step >= stop_after:
             break
     bar.close()
-    if writer:
-        writer.close()
+    log.close()
     final = os.path.join(cfg.out, "final")
     if step >= total:
         model.config.block_size = cfg.stages[-1].block_size or mc.block_size
         save_pretrained(model, final, tokenizer=tok)
+        if ev is not None:
+            if not quiet:
+                print(f"held-out accuracy after SFT: {100 * ev['accuracy']:.1f} % of {ev['n']} problems, "
+                      f"TPF {ev['tpf']:.2f}", flush=True)
+            warning = _near_chance_warning(task, ev, cfg.out, cfg.task)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
     return final
