@@ -27,10 +27,10 @@ import torch
 
 
 def _load(model_dir: str):
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from .tokenizer import load_tokenizer  # noqa: PLC0415
 
     from .model import load_pretrained  # noqa: PLC0415
-    return load_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+    return load_pretrained(model_dir).eval(), load_tokenizer(model_dir)
 
 
 def _eval(model_dir: str, task, n: int, dcfg) -> dict:

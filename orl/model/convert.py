@@ -36,8 +36,8 @@ def make_orl_start(src: str, dst: str, gamma: float = 8.0) -> None:
     rescale_pathway(model, gamma)
     tok = None
     if os.path.exists(os.path.join(src, "tokenizer_config.json")):
-        from transformers import AutoTokenizer  # noqa: PLC0415
-        tok = AutoTokenizer.from_pretrained(src)
+        from ..tokenizer import load_tokenizer  # noqa: PLC0415
+        tok = load_tokenizer(src)
     save_pretrained(model, dst, tokenizer=tok)
 
 

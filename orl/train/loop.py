@@ -176,7 +176,7 @@ class ORLTrainer:
                  resume_from: str | None = None, allow_config_change: bool = False):
         from ..tasks.base import check_task  # noqa: PLC0415
         from ..tasks.registry import get_task  # noqa: PLC0415
-        from transformers import AutoTokenizer  # noqa: PLC0415
+        from ..tokenizer import load_tokenizer  # noqa: PLC0415
 
         _check(cfg)
         self.cfg = cfg
@@ -187,7 +187,7 @@ class ORLTrainer:
         self.task = task = check_task(task if task is not None else get_task(cfg.task, **cfg.task_kwargs))
         self.train_problems = hasattr(task, "sample")
         self.pool = None if self.train_problems else task.problems("train")
-        self.tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(cfg.init)
+        self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.init)
         device = cfg.device
         if device == "cuda" and world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"

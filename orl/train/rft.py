@@ -84,7 +84,7 @@ def train_rft(cfg: RFTConfig, resume: bool = True, stop_after: int | None = None
 
 
 def _rft_loop(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task) -> str:
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from ..tokenizer import load_tokenizer  # noqa: PLC0415
 
     from ..eval.pool import VerifierPool, check_reward_errors  # noqa: PLC0415
     from ..tasks.base import check_task  # noqa: PLC0415
@@ -93,7 +93,7 @@ def _rft_loop(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, 
     check_reward_errors(cfg.reward_errors)
     task = check_task(task if task is not None else get_task(cfg.task, **cfg.task_kwargs))
     pool = None if hasattr(task, "sample") else task.problems("train")
-    tok = AutoTokenizer.from_pretrained(cfg.init)
+    tok = load_tokenizer(cfg.init)
     # forked before the model loads (orl.eval.pool.VerifierPool.start); ORL's verification path
     with VerifierPool(task, workers=min(cfg.group_size, os.cpu_count() or 1)).start() as verifier:
         return _rft_steps(cfg, run, stop_after, quiet, task, pool, tok, verifier)
