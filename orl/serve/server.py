@@ -553,14 +553,16 @@ def server_config(app, limits: Limits | None = None, **kwargs) -> uvicorn.Config
 
 # --------------------------------------------------------------------------- `orl serve`
 def cli(argv: list[str] | None = None) -> int:
-    from .generate_cli import add_llm_args  # noqa: PLC0415
+    from ..cli import HelpFormatter  # noqa: PLC0415
+    from .generate_cli import ROLE_HELP, add_llm_args  # noqa: PLC0415
     d = Limits()
-    ap = argparse.ArgumentParser(prog="orl serve", description="OpenAI-compatible HTTP server: one request "
+    ap = argparse.ArgumentParser(prog="orl serve", formatter_class=HelpFormatter,
+                                 description="OpenAI-compatible HTTP server: one request "
                                  "decodes at a time, the rest wait in a bounded FIFO queue.")
     ap.add_argument("--model", required=True, help="checkpoint directory or named size (sdar/tiny, qwen3-4b)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; there is no auth)")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--role", default="base", choices=("base", "orl"), help="decoding protocol role")
+    ap.add_argument("--port", type=int, default=8000, help="TCP port")
+    ap.add_argument("--role", default="base", choices=("base", "orl"), help=ROLE_HELP)
     ap.add_argument("--queue-size", type=int, default=16, help="requests that may wait (more get 429)")
     ap.add_argument("--served-model-name", default=None, help="name clients pass as `model` (default --model)")
     ap.add_argument("--max-body-bytes", type=int, default=None,
@@ -582,7 +584,8 @@ def cli(argv: list[str] | None = None) -> int:
                         "idle ones included (default off: --max-connections keeps /health answering)")
     g.add_argument("--backlog", type=int, default=d.backlog, help=f"accept queue length (default {d.backlog})")
     add_llm_args(ap)
-    ap.add_argument("--log-level", default="info")
+    ap.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace"),
+                    help="uvicorn's log level")
     ap.add_argument("--explore", action="store_true", help="also serve GET /explore, the decode explorer page "
                     "for the served model (orl.explore.route; off by default)")
     args = ap.parse_args(argv)
