@@ -11,6 +11,7 @@ from orl.model import build_model, get_config, save_pretrained
 from orl.model.convert import ensure_pathway
 from orl.tasks.registry import get_task
 from orl.tokenizer import build_char_tokenizer
+from test_rft import _start  # the tiny ORL start model
 
 TASK_FILE = '''
 import random
@@ -153,15 +154,6 @@ def test_sft_heldout_check_is_invisible_and_warns_near_chance(tmp_path, capfd):
     n_all = len(get_task(data).problems("test"))
     assert h["n"] == n_all and len(h["records"]) == n_all and out.count("--- line-") == 1 and "completion:" in out
     assert f"echo (test): accuracy {100 * h['accuracy']:.1f} %" in out
-
-
-def _start(tmp_path):
-    tok = build_char_tokenizer()
-    m = build_model(get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
-                               block_size=16), seed=5)
-    ensure_pathway(m)
-    save_pretrained(m, str(tmp_path / "start"), tokenizer=tok)
-    return str(tmp_path / "start")
 
 
 def test_orl_steps_without_a_verified_rollout_are_counted_and_warned(tmp_path, task_file, capfd):
