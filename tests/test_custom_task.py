@@ -7,10 +7,7 @@ import json
 import pytest
 import torch
 
-from orl.model import build_model, get_config, save_pretrained
-from orl.model.convert import ensure_pathway
 from orl.tasks.registry import get_task
-from orl.tokenizer import build_char_tokenizer
 from test_rft import _start  # the tiny ORL start model
 
 TASK_FILE = '''
