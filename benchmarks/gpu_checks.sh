@@ -12,9 +12,11 @@
 #           all-off in the same run (all-off stopped at 300 s: its time and the ratio are then bounds);
 #   moe     the grouped-GEMM expert test, then the LLaDA-2.1-mini-width ORL step (MoE path): full and
 #           dense (150 s a row at most);
-#   cpu     the whole CPU test suite (CUDA hidden) on this machine's CPU and torch.
+#   cpu     the whole CPU test suite (CUDA hidden) on this machine's CPU and torch;
+#   suite   the suite's larger run (benchmarks/suite_gpu.sh: the 56.9M `large` model, base vs ORL vs RFT vs
+#           more SFT, frontiers), 540 s a call; calls in a row on a machine that stays up continue it.
 set -u -o pipefail
-OUT=${1:?out dir}; STAGE=${2:?stage: engine, rollout, step, moe or cpu}
+OUT=${1:?out dir}; STAGE=${2:?stage: engine, rollout, step, moe, cpu or suite}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -47,5 +49,7 @@ moe)
 cpu)
   CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 560 python3 -m pytest -q -p no:cacheprovider tests \
     > "$OUT/cpu_tests.log" 2>&1; tail -n 5 "$OUT/cpu_tests.log" ;;
-*) echo "unknown stage $STAGE (engine, rollout, step, moe or cpu)"; exit 2 ;;
+suite)
+  bash benchmarks/suite_gpu.sh "$OUT" "${SUITE_SECONDS:-540}" ;;
+*) echo "unknown stage $STAGE (engine, rollout, step, moe, cpu or suite)"; exit 2 ;;
 esac

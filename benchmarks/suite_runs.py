@@ -61,12 +61,27 @@ def _stage(label: str, final: str, train) -> str:
     return final
 
 
+# ORL overrides that mean the same in the RFT recipe (which copies ORL's budget, decoders and schedule)
+RFT_SHARED = ("steps", "prompts_per_step", "group_size", "lr", "warmup", "decode", "eval_decode", "device")
+
+
+def _sft_recipe(family: str, out: str, sets_sft=(), size: str | None = None, device: str | None = None):
+    """``suite_sft_<family>`` with the run's overrides, model size and device."""
+    from orl.recipes import apply_overrides, get_recipe
+    cfg = apply_overrides(get_recipe(f"suite_sft_{family}", out=out), list(sets_sft))
+    cfg.size, cfg.device = size or cfg.size, device or cfg.device
+    return cfg
+
+
 def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, sets_orl, steps: int | None = None,
-              ablations=(), baselines: bool = True, orl: bool = True) -> dict[str, str]:
+              ablations=(), baselines: bool = True, orl: bool = True, sets_sft=(), size: str | None = None,
+              device: str | None = None) -> dict[str, str]:
     """Every model of the comparison, trained or found; name -> final model directory. ``steps``: the
     optimizer steps of ORL, RFT and more SFT alike (None: the recipes'; a smoke test's few); ``ablations``:
     names of ABLATIONS, each trained at every ORL seed; ``baselines``: also RFT and more SFT; ``orl``:
-    also the full recipe (False: another process trains it; those models are then left out)."""
+    also the full recipe (False: another process trains it; those models are then left out).
+    ``sets_sft``: overrides of the base's SFT recipe (more SFT continues at its final LR and batch);
+    ``size``: the base's model size (None: the recipe's `small`); ``device``: where every method trains."""
     from orl.model.convert import make_orl_start
     from orl.recipes import apply_overrides, get_recipe
     from orl.train.loop import train_orl
@@ -79,7 +94,7 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
         if s == 0 and base:
             dirs[name] = base
             continue
-        cfg = get_recipe(f"suite_sft_{family}", out=os.path.join(out, f"sft_s{s}"))
+        cfg = _sft_recipe(family, os.path.join(out, f"sft_s{s}"), sets_sft, size, device)
         cfg.seed = s
         final = _stage(f"{family}: SFT seed {s} ({cfg.total_steps} steps)", os.path.join(cfg.out, "final"),
                        lambda cfg=cfg: train_sft(cfg, resume=True, quiet=True))
@@ -96,13 +111,16 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
                                   [*sets_orl, *ABLATIONS.get(group, [])])
             cfg.seed, cfg.eval_every = k, 0
             cfg.steps = steps or cfg.steps
+            cfg.device = device or cfg.device
             label = f"{family}: {group} seed {k} ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
             dirs[name] = _stage(label, os.path.join(cfg.out, "final"),
                                 lambda cfg=cfg: train_orl(cfg, resume=True, quiet=True))
     if not baselines:
         return dirs
-    cfg = get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft"))
+    cfg = apply_overrides(get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft")),
+                          [x for x in sets_orl if x.split("=")[0].split(".")[0] in RFT_SHARED])
     cfg.steps = steps or cfg.steps
+    cfg.device = device or cfg.device
     label = f"{family}: RFT ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
     final = _stage(label, os.path.join(cfg.out, "final"),
                    lambda: train_rft(cfg, resume=True, quiet=True))
@@ -110,13 +128,16 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
     cfg = get_recipe(f"more_sft_suite_{family}", init=base,
                      out=os.path.join(out, "more_sft"))
     cfg.stages[0].steps = steps or cfg.stages[0].steps
+    last = _sft_recipe(family, cfg.out, sets_sft, size, device)
+    cfg.stages[0].lr, cfg.batch_size = last.stages[-1].lr * last.stages[-1].min_lr_ratio, last.batch_size
+    cfg.device = device or cfg.device
     final = _stage(f"{family}: more SFT ({cfg.total_steps} steps)", os.path.join(cfg.out, "final"),
                    lambda: train_sft(cfg, resume=True, quiet=True))
     dirs["more_sft"] = final
     return dirs
 
 
-def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> dict[str, list[dict]]:
+def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values, device: str = "cpu") -> dict[str, list[dict]]:
     """Each model's sweep rows (with records), cached in ``out/sweeps/<name>.json``; each row also gets
     ``final`` (the final-answer-only accuracy, `verify_final`)."""
     from transformers import AutoTokenizer
@@ -124,10 +145,10 @@ def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> di
     from orl.eval.frontier import sweep
     from orl.model import load_pretrained
     from orl.recipes import apply_overrides, get_recipe
-    from orl.recipes.suite import FAMILIES
+    from orl.recipes.suite import FAMILIES, task_of
     from orl.tasks.registry import get_task
 
-    task = get_task(family, **FAMILIES[family][0])
+    task = get_task(task_of(family), **FAMILIES[family][0])
     dcfg = get_recipe(f"orl_suite_{family}").eval_decode
     problems = task.problems("test")[:n]
     by_id = {p.id: p for p in problems}
@@ -139,7 +160,7 @@ def sweep_all(family: str, out: str, dirs: dict[str, str], n: int, values) -> di
             rows[name] = json.load(open(path))["rows"]
             continue
         _log(f"{family}: sweep {name} ({len(values)} thresholds x {len(problems)} problems)")
-        model, tok = load_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
+        model, tok = load_pretrained(d, device=device).eval(), AutoTokenizer.from_pretrained(d)
         group = name.rsplit("_s", 1)[0]   # an ablation decodes with its own eval_decode (no_pathway: no residual)
         cfg = apply_overrides(get_recipe(f"orl_suite_{family}"), ABLATIONS[group]).eval_decode \
             if group in ABLATIONS else dcfg
@@ -258,6 +279,10 @@ def main() -> None:
     ap.add_argument("--set-orl", dest="sets_orl", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps of ORL, RFT and more SFT (default: "
                     "the recipes'); for smoke tests")
+    ap.add_argument("--set-sft", dest="sets_sft", action="append", default=[], metavar="KEY=VALUE",
+                    help="overrides of the base's SFT recipe (e.g. batch_size=128, stages.0.lr=6e-4)")
+    ap.add_argument("--size", default=None, help="the base's model size (default: the recipe's, `small`)")
+    ap.add_argument("--device", default="cpu", help="where every model trains and is swept ('cuda' on a GPU)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ablations", default="", help=f"comma-separated, of {', '.join(ABLATIONS)}: each trained at every "
                     "ORL seed")
@@ -277,7 +302,7 @@ def main() -> None:
         open(os.path.join(a.out, "table.markdown"), "w").write("\n\n".join(parts) + "\n")
         print("\n\n".join(parts))
         return
-    from orl.recipes.suite import FAMILIES
+    from orl.recipes.suite import FAMILIES, task_of
     if a.family not in FAMILIES:
         raise SystemExit(f"unknown family {a.family!r}; choose one of {', '.join(FAMILIES)}")
     t0 = time.time()
@@ -287,17 +312,21 @@ def main() -> None:
     abl = [x for x in a.ablations.split(",") if x]
     if unknown := [x for x in abl if x not in ABLATIONS]:
         raise SystemExit(f"unknown ablation(s) {unknown}; choose from {', '.join(ABLATIONS)}")
+    if a.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     dirs = train_all(a.family, out, a.base, seeds, sft_seeds, a.sets_orl, a.steps, abl, not a.no_baselines,
-                     not a.no_orl)
+                     not a.no_orl, a.sets_sft, a.size, a.device)
     if a.train_only:
         return
     values = sorted({float(v) for v in a.thresholds.split(",")} | {0.9})
-    rows = sweep_all(a.family, out, dirs, a.n_sweep, values)
+    rows = sweep_all(a.family, out, dirs, a.n_sweep, values, a.device)
     res = compare(rows, a.n_boot)
     res.update(family=a.family, task_kwargs=FAMILIES[a.family][0], n_sweep=a.n_sweep, thresholds=values,
                models=dirs, orl_seeds=seeds, ablations=abl, sft_seeds=sft_seeds, sets_orl=a.sets_orl,
+               sets_sft=a.sets_sft, size=a.size or "small", device=a.device,
                sweeps={n: [{k: v for k, v in r.items() if k != "records"} for r in rs] for n, rs in rows.items()},
-               machine=f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}",
+               machine=f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}"
+               + (f", {torch.cuda.get_device_name()}" if a.device.startswith("cuda") else ""),
                seconds=time.time() - t0)
     for b in res["blocks"].values():
         b.pop("curves", None)

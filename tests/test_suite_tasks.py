@@ -3,12 +3,13 @@ import pytest
 import torch
 
 from orl.recipes import get_recipe
-from orl.recipes.suite import FAMILIES
+from orl.recipes.suite import FAMILIES, task_of
 from orl.tasks.base import Problem, check_problems, check_task
 from orl.tasks.registry import get_task
 from orl.tasks.suite import CarryTask, ChainTask, StringTask, held_out, make_task
 
 NAMES = sorted(FAMILIES)
+TASKS = sorted({task_of(f) for f in FAMILIES})   # arith32 is arith's problems at another block size
 
 
 def _replace_line(sol: str, i: int, new: str) -> str:
@@ -17,7 +18,7 @@ def _replace_line(sol: str, i: int, new: str) -> str:
     return ";".join(lines)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", TASKS)
 def test_registry_deterministic_and_disjoint(name):
     task = check_task(get_task(name, **FAMILIES[name][0]))
     assert task.name == name
@@ -34,7 +35,7 @@ def test_registry_deterministic_and_disjoint(name):
     assert not {p.prompt for p in test} & {p.prompt for p in train}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", TASKS)
 def test_gold_passes_both_scores(name):
     task = get_task(name, **FAMILIES[name][0])
     for p in [task.sample("train", i) for i in range(300)] + task.problems("test")[:100]:
@@ -121,9 +122,11 @@ def test_within_token_budget_and_recipes(name):
     from orl.train.sft import task_pairs
     tok = load_tokenizer("char")
     sft, orl = get_recipe(f"suite_sft_{name}"), get_recipe(f"orl_suite_{name}", init="x", out="y")
-    assert (sft.task, orl.task) == (name, name) and sft.task_kwargs == orl.task_kwargs == FAMILIES[name][0]
+    assert (sft.task, orl.task) == (task_of(name),) * 2 and sft.task_kwargs == orl.task_kwargs == FAMILIES[name][0]
     task = get_task(sft.task, **sft.task_kwargs)
-    K, budget = get_config(sft.family, sft.size).block_size, orl.eval_decode.max_new_tokens
+    K, budget = FAMILIES[name].block_size, orl.eval_decode.max_new_tokens
+    assert (orl.decode.block_size, orl.eval_decode.block_size) == (K, K)
+    assert {s.block_size or get_config(sft.family, sft.size).block_size for s in sft.stages} == {K}
     assert budget % K == 0 and orl.decode.max_new_tokens == budget
     for p in [task.sample("train", i) for i in range(400)] + task.problems("test"):
         ids = tok.encode(task.solution(p), add_special_tokens=False)

@@ -245,6 +245,9 @@ SIZES: dict[str, dict[str, ModelConfig]] = {
         # the larger run of the same recipe on a GPU (~11M parameters)
         "medium": _tiny("sdar", hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64,
                         intermediate_size=1152, block_size=16, pathway_intermediate=384),
+        # the suite's GPU run (>= 50M parameters: 8 layers of hidden 768, ~55M with the pathway)
+        "large": _tiny("sdar", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
+                       intermediate_size=2304, block_size=16, pathway_intermediate=768),
         "qwen3-4b": ModelConfig(family="sdar", block_size=32, pathway="none"),
         "qwendlm-4b": ModelConfig(family="sdar", block_size=256, pathway="mlp", pathway_intermediate=2560),
     },
