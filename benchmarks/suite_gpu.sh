@@ -5,8 +5,8 @@
 #   bash benchmarks/suite_gpu.sh OUT [SECONDS]
 # Every stage resumes from what RUNS (default /tmp/orl_suite_gpu, outside the checkout) already holds, so
 # calls of SECONDS each (default 540) continue one another on a machine that stays up; a stage cut at the
-# deadline is killed and picks up from its last checkpoint next call. The tables, logs and results.json
-# are copied to OUT after every call.
+# deadline is killed and picks up from its last checkpoint next call. The table, results.json, the
+# training curves' tails and the logs are copied to OUT after every call (8 files at most come back).
 #   stage 1: the base's SFT (suite_sft_<family> at size `large`, batch 128, LRs 6e-4 / 3e-4: the small
 #            model's 2e-3 / 1e-3 scaled down for width 768) and the ORL start model;
 #   stage 2: ORL seeds 0, 1, 2 and the baselines (RFT, then more SFT), four processes side by side on the GPU;
@@ -21,14 +21,14 @@ COMMON=(--family "$FAMILY" --out "$RUNS" --size "${SIZE:-large}" --device "${DEV
         --set-sft batch_size=128 --set-sft stages.0.lr=6e-4 --set-sft stages.1.lr=3e-4 ${EXTRA:-})
 BASE=$RUNS/$FAMILY/sft_s0/final
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/suite_gpu.log"; }
-collect() {
-  cp "$RUNS"/*.log "$OUT"/ 2>/dev/null
+collect() {   # 6 files with gpu_checks.sh's machine.txt (8 at most come back)
+  for f in "$RUNS"/*.log; do echo "== $f"; cat "$f"; done > "$OUT/stage_logs.txt" 2>/dev/null
   cp "$RUNS/$FAMILY/results.json" "$OUT/suite_results.json" 2>/dev/null
-  cp "$RUNS/$FAMILY/table.markdown" "$OUT/suite_table.md" 2>/dev/null
-  for d in "$RUNS/$FAMILY"/*/; do   # each trained model's training curve, for the record
-    [ -f "$d/metrics.jsonl" ] && tail -n 3 "$d/metrics.jsonl" | sed "s|^|$(basename "$d"): |" >> "$OUT/metrics_tail.txt"
-  done
-  ls -R "$RUNS" | head -n 80 > "$OUT/runs_ls.txt"
+  cp "$RUNS/$FAMILY/table.markdown" "$OUT/suite_table.markdown" 2>/dev/null
+  for d in "$RUNS/$FAMILY"/*/; do   # each trained model's training curve, first and last steps
+    [ -f "$d/metrics.jsonl" ] && { head -n 2 "$d/metrics.jsonl"; tail -n 2 "$d/metrics.jsonl"; } \
+      | sed "s|^|$(basename "$d"): |"
+  done > "$OUT/metrics_ends.txt"
 }
 trap collect EXIT
 log "suite_gpu: $FAMILY, budget ${BUDGET}s, runs in $RUNS"

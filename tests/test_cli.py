@@ -50,9 +50,13 @@ def test_every_option_has_help_and_its_default():
 
 
 def test_version(capsys):
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        want = version("orl")
+    except PackageNotFoundError:   # a source tree on PYTHONPATH (e.g. a GPU machine's copy): said, not guessed
+        want = "unknown (not installed: pip install -e .)"
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"orl {version('orl')}"
+    assert capsys.readouterr().out.strip() == f"orl {want}"
 
 
 def test_role_help_is_what_the_protocols_select():
@@ -110,6 +114,8 @@ def test_the_installed_command_imports_tasks_from_the_working_directory(tmp_path
     """`orl` (the console script, whose own folder is sys.path[0]) finds ./cwd_task_mod.py as `python -m` would."""
     (tmp_path / "cwd_task_mod.py").write_text("def make():\n    return object()\n")
     exe = os.path.join(os.path.dirname(sys.executable), "orl")
+    if not os.path.exists(exe):
+        pytest.skip(f"no console script at {exe}: orl is not installed here (pip install -e .)")
     r = subprocess.run([exe, "eval", "prepare", "--task", "cwd_task_mod:make", "--out", str(tmp_path / "o")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
     assert r.returncode == 1, r.stderr

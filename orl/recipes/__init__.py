@@ -24,8 +24,9 @@ def list_recipes() -> dict[str, object]:
         mod = importlib.import_module(f"{__name__}.{info.name}")
         for name in dir(mod):
             fn = getattr(mod, name)
+            # a recipe is a public function that returns a config (a helper such as suite.task_of is not)
             if callable(fn) and getattr(fn, "__module__", None) == mod.__name__ and not name.startswith("_") \
-                    and not isinstance(fn, type):
+                    and not isinstance(fn, type) and recipe_kind(fn) in KINDS:
                 found[name] = fn
     return found
 
