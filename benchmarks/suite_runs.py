@@ -61,10 +61,6 @@ def _stage(label: str, final: str, train) -> str:
     return final
 
 
-# ORL overrides that mean the same in the RFT recipe (which copies ORL's budget, decoders and schedule)
-RFT_SHARED = ("steps", "prompts_per_step", "group_size", "lr", "warmup", "decode", "eval_decode", "device")
-
-
 def _sft_recipe(family: str, out: str, sets_sft=(), size: str | None = None, device: str | None = None):
     """``suite_sft_<family>`` with the run's overrides, model size and device."""
     from orl.recipes import apply_overrides, get_recipe
@@ -117,8 +113,7 @@ def train_all(family: str, out: str, base: str | None, orl_seeds, sft_seeds, set
                                 lambda cfg=cfg: train_orl(cfg, resume=True, quiet=True))
     if not baselines:
         return dirs
-    cfg = apply_overrides(get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft")),
-                          [x for x in sets_orl if x.split("=")[0].split(".")[0] in RFT_SHARED])
+    cfg = get_recipe(f"rft_suite_{family}", init=base, out=os.path.join(out, "rft"))
     cfg.steps = steps or cfg.steps
     cfg.device = device or cfg.device
     label = f"{family}: RFT ({cfg.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size})"
@@ -323,7 +318,7 @@ def main() -> None:
     res = compare(rows, a.n_boot)
     res.update(family=a.family, task_kwargs=FAMILIES[a.family][0], n_sweep=a.n_sweep, thresholds=values,
                models=dirs, orl_seeds=seeds, ablations=abl, sft_seeds=sft_seeds, sets_orl=a.sets_orl,
-               sets_sft=a.sets_sft, size=a.size or "small", device=a.device,
+               sets_sft=a.sets_sft, size=_sft_recipe(a.family, out, a.sets_sft, a.size).size, device=a.device,
                sweeps={n: [{k: v for k, v in r.items() if k != "records"} for r in rs] for n, rs in rows.items()},
                machine=f"{platform.machine()} {os.cpu_count()} cpu, torch {torch.__version__}"
                + (f", {torch.cuda.get_device_name()}" if a.device.startswith("cuda") else ""),
