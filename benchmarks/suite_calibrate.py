@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--thresholds", default="0.3,0.5,0.7,0.8,0.9,0.95")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where the sweep decodes ('cuda' on a GPU; the SFT's: --set device=cuda)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
 
@@ -94,7 +95,7 @@ def main() -> None:
     task = get_task(sft.task, **sft.task_kwargs)
     orl = apply_overrides(get_recipe(f"orl_suite_{a.family}", init=base_dir, out=os.path.join(out, "orl")),
                           a.sets_orl)
-    model = load_pretrained(base_dir).eval()
+    model = load_pretrained(base_dir, device=a.device).eval()
     tok = AutoTokenizer.from_pretrained(base_dir)
     problems = task.problems("test")[:a.n_eval]
     need = max(len(tok.encode(task.solution(p), add_special_tokens=False)) + 1 for p in problems)

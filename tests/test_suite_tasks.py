@@ -6,7 +6,7 @@ from orl.recipes import get_recipe
 from orl.recipes.suite import FAMILIES, task_of
 from orl.tasks.base import Problem, check_problems, check_task
 from orl.tasks.registry import get_task
-from orl.tasks.suite import CarryTask, ChainTask, StringTask, held_out, make_task
+from orl.tasks.suite import CarryTask, ChainTask, StringTask, WordChainTask, held_out, make_task
 
 NAMES = sorted(FAMILIES)
 TASKS = sorted({task_of(f) for f in FAMILIES})   # arith32 is arith's problems at another block size
@@ -132,7 +132,7 @@ def test_within_token_budget_and_recipes(name):
         ids = tok.encode(task.solution(p), add_special_tokens=False)
         prompt = encode_prompt(tok, p.prompt)
         assert tok.unk_token_id not in ids + prompt
-        assert 20 <= len(ids) and len(ids) + 1 <= budget and len(prompt) <= 24
+        assert 20 <= len(ids) and len(ids) + 1 <= budget and len(prompt) <= 32
     pairs = task_pairs(task, tok, 0, 4, K, chat=False)              # what SFT trains on
     assert all(len(r) % K == 0 and r[-1] == tok.eos_token_id for _, r in pairs)
 
@@ -152,6 +152,45 @@ def test_eval_scores_with_the_strict_verifier():
     by_id = {p.id: p for p in ps}
     assert len(r["records"]) == 4
     assert all(x["correct"] == task.verify(by_id[x["id"]], x["completion"]) for x in r["records"])
+
+
+def test_wordchain_phrasings_and_faults():
+    """Every phrasing the SFT data draws passes; each fault is named; the work is checked, not the wording."""
+    t = WordChainTask(steps=3)
+    p = Problem(id="x", prompt="26;+9;*2;-5=", answer=65, meta={"start": 26, "ops": [["+", 9], ["*", 2], ["-", 5]]})
+    ok = ["26+9=35, then 2 times 35 is 70. Next, take 5 from 70: 65; the answer is #65",
+          "9+26=35;35*2=70;70-5=65;#65",                                     # operands swapped where + and * allow
+          "add 9 to 26 gives 35, so multiply 35 by 2 gives 70, so 70 minus 5 makes 65. #65"]
+    for text in ok:
+        assert t.diagnose(p, text) == "ok" and t.verify(p, text) == 1.0, text
+    bad = {"operation": "26+9=35;35*2=70;5-70=65;#65",                      # - does not commute
+           "value": "26+9=35;35*2=71;71-5=66;#66", "chain": "26+9=35;36*2=72;72-5=67;#67",
+           "final": "26+9=35;35*2=70;70-5=65;#64", "steps": "26+9=35;35*2=70;#70",
+           "malformed": "add 9 from 26: 35;35*2=70;70-5=65;#65"}          # the wrong preposition is no phrasing
+    for fault, text in bad.items():
+        assert t.diagnose(p, text) == fault and t.verify(p, text) == 0.0, (fault, text)
+    assert t.verify_final(p, bad["operation"]) == 1.0      # right answer, wrong work: the strict score says 0
+    # the data mixes the forms: over 200 problems every form and separator appears, none dominates
+    task = WordChainTask()
+    sols = [task.solution(task.sample("train", i)) for i in range(200)]
+    for marker in (" plus ", " minus ", " times ", " over ", "add ", "take ", "multiply ", "divide ",
+                   ", then ", ". Next, ", ", so ", "the answer is "):
+        assert 0.05 < sum(marker in x for x in sols) / len(sols) < 0.99, marker
+    one = WordChainTask(phrasing="one")
+    q = one.sample("train", 3)
+    assert one.solution(q) == ChainTask(steps=8, max_value=50).solution(q)     # the control: chain's one form
+
+
+def test_chain_ops_knob():
+    add = ChainTask(steps=3, max_value=50, ops="+")
+    ps = [add.sample("train", i) for i in range(300)]
+    assert all(op == "+" for p in ps for op, _ in p.meta["ops"]) and max(p.answer for p in ps) <= 50
+    assert [ChainTask().sample("train", i).prompt for i in range(20)] == \
+        [ChainTask(ops="+-*/").sample("train", i).prompt for i in range(20)]
+    with pytest.raises(ValueError, match="ops"):
+        ChainTask(ops="+^")
+    with pytest.raises(ValueError, match="max_value"):
+        ChainTask(steps=9, max_value=50, ops="+")
 
 
 def test_bad_arguments():

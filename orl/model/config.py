@@ -248,6 +248,9 @@ SIZES: dict[str, dict[str, ModelConfig]] = {
         # the suite's GPU run (>= 50M parameters: 8 layers of hidden 768, ~55M with the pathway)
         "large": _tiny("sdar", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
                        intermediate_size=2304, block_size=16, pathway_intermediate=768),
+        # the GPU-scale base of the multi-block family (~100M parameters with the character vocabulary)
+        "xl": _tiny("sdar", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=64,
+                    intermediate_size=3072, block_size=32, pathway_intermediate=1024),
         "qwen3-4b": ModelConfig(family="sdar", block_size=32, pathway="none"),
         "qwendlm-4b": ModelConfig(family="sdar", block_size=256, pathway="mlp", pathway_intermediate=2560),
     },

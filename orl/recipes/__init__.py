@@ -34,7 +34,7 @@ def list_recipes() -> dict[str, object]:
 # config type name -> (what a recipe of it is, how to run recipe {name})
 KINDS = {"SFTConfig": ("an SFT recipe", "run it with `orl sft --recipe {name}`"),
          "ORLConfig": ("an ORL recipe", "run it with `orl train --recipe {name}`"),
-         "RFTConfig": ("an RFT baseline recipe", "it runs through orl.train.rft.train_rft (benchmarks/suite_runs.py)")}
+         "RFTConfig": ("an RFT baseline recipe", "run it with `orl train --method rft --recipe {name}`")}
 
 
 def recipe_kind(fn) -> str | None:
@@ -47,25 +47,29 @@ def recipe_kind(fn) -> str | None:
     return getattr(ret, "__name__", None)
 
 
-def get_recipe(name: str, kind: type | None = None, **kwargs):
-    """The config recipe ``name`` returns (called with ``kwargs``). ``kind``: the config type the
-    caller runs; a recipe of another type (an ORL recipe given to ``orl sft``) is a ValueError naming
-    the command that runs it and the recipes of ``kind``, raised before the recipe is called."""
+def get_recipe(name: str, kind: type | tuple[type, ...] | None = None, **kwargs):
+    """The config recipe ``name`` returns (called with ``kwargs``). ``kind``: the config type (or
+    types) the caller runs; a recipe of another type (an ORL recipe given to ``orl sft``) is a
+    ValueError naming the command that runs it and the recipes of ``kind``, raised before the recipe
+    is called."""
     table = list_recipes()
     if name not in table:
         import difflib  # noqa: PLC0415
         close = difflib.get_close_matches(name, table, n=1)
         raise ValueError(f"unknown recipe {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
                          f"available: {', '.join(sorted(table))}")
-    if kind is not None:
+    kinds = kind if isinstance(kind, tuple) else (kind,) if kind is not None else ()
+    wanted = [k.__name__ for k in kinds]
+    if kinds:
         got = recipe_kind(table[name])
-        if got is not None and got != kind.__name__:
+        if got is not None and got not in wanted:
             what, how = KINDS.get(got, (f"a {got} recipe", "it runs elsewhere"))
-            want = KINDS.get(kind.__name__, (f"a {kind.__name__} recipe",))[0]
-            mine = sorted(n for n, fn in table.items() if recipe_kind(fn) == kind.__name__)
-            raise ValueError(f"recipe {name!r} is {what} ({got}), not {want}: {how.format(name=name)}; "
-                             f"{want.split(' ', 1)[1]}s are {', '.join(mine)}")
+            want = [KINDS.get(k, (f"a {k} recipe",))[0] for k in wanted]
+            mine = sorted(n for n, fn in table.items() if recipe_kind(fn) in wanted)
+            plural = " and ".join(f"{w.split(' ', 1)[1]}s" for w in want)
+            raise ValueError(f"recipe {name!r} is {what} ({got}), not {' or '.join(want)}: {how.format(name=name)}; "
+                             f"{plural} are {', '.join(mine)}")
     cfg = table[name](**kwargs)
-    if kind is not None and not isinstance(cfg, kind):
-        raise ValueError(f"recipe {name!r} returned a {type(cfg).__name__}, expected a {kind.__name__}")
+    if kinds and not isinstance(cfg, kinds):
+        raise ValueError(f"recipe {name!r} returned a {type(cfg).__name__}, expected a {' or a '.join(wanted)}")
     return cfg

@@ -17,8 +17,8 @@ from typing import NamedTuple
 from orl.recipes.arith import arith_sft
 from orl.recipes.orl_arith import orl_arith
 from orl.train.loop import ORLConfig
-from orl.train.rft import RFTConfig
-from orl.train.sft import SFTConfig, SFTStage
+from orl.train.rft import RFTConfig, rft_from_orl
+from orl.train.sft import SFTConfig, more_sft_from
 
 # family -> (task kwargs the recipes pin, decoder max_new_tokens: the longest response + EOS, rounded
 # up to whole 16-token blocks)
@@ -52,6 +52,10 @@ class Family(NamedTuple):
     block_size: int = 16
     sft_steps: tuple[int, int] = (600, 400)
     task: str | None = None
+    rollout_temperature: float | None = None   # None: orl_arith's 0.3. The phrasing families roll out at 1.0: at 0.3
+                                               # the tempered confidences pass the threshold at positions whose
+                                               # phrasing is still open, and the block commits incoherent text
+                                               # (the `xl` base: reward 0.0 at 0.3, 0.88 at 1.0; RESULTS.md)
 
 
 FAMILIES: dict[str, Family] = {
@@ -64,6 +68,18 @@ FAMILIES: dict[str, Family] = {
     # at 16-token blocks' TPF cap; its SFT runs as long as chain's (1000 steps left the base at 45 %)
     "arith32": Family(dict(terms=4, digits=1, shuffle=0.25, strict=True), 64, block_size=32,
                       sft_steps=(1800, 1200), task="arith"),
+    # multi-block answers with many valid phrasings (issue 30): 8 chained steps, responses of 99-225
+    # characters (mean 158: five 32-token blocks), each step in one of 3-4 forms drawn at random; the
+    # GPU-scale family (benchmarks/suite_gpu.sh, size `xl`)
+    "wordchain": Family(dict(steps=8, max_value=50), 256, block_size=32, sft_steps=(1800, 1200),
+                        rollout_temperature=1.0),
+    # the same at the demo's scale: 3 steps, responses of 27-99 characters (mean 63: four 16-token blocks)
+    "wordchain3": Family(dict(steps=3, max_value=20), 112, block_size=16, sft_steps=(600, 400), task="wordchain",
+                         rollout_temperature=1.0),
+    # a running sum in many phrasings (additions only, which the 1M model learns in the demo's SFT): responses of
+    # 30-93 characters (mean 61: four 16-token blocks)
+    "wordadd": Family(dict(steps=3, max_value=50, ops="+"), 96, block_size=16, sft_steps=(600, 400), task="wordchain",
+                      rollout_temperature=1.0),
 }
 
 
@@ -86,27 +102,20 @@ def _orl(family: str, init: str, out: str) -> ORLConfig:
     cfg.task, cfg.task_kwargs = task_of(family), dict(fam.task_kwargs)
     cfg.decode.max_new_tokens = cfg.eval_decode.max_new_tokens = fam.max_new_tokens
     cfg.decode.block_size = cfg.eval_decode.block_size = fam.block_size
+    if fam.rollout_temperature is not None:
+        cfg.decode.temperature = fam.rollout_temperature
+    cfg.max_row_tokens = max(cfg.max_row_tokens, 2 * fam.max_new_tokens)   # a long response and its states in one row
     return cfg
 
 
 def _rft(family: str, init: str, out: str) -> RFTConfig:
-    o = _orl(family, init, out)
-    return RFTConfig(init=init, task=o.task, task_kwargs=o.task_kwargs, steps=o.steps,
-                     prompts_per_step=o.prompts_per_step, group_size=o.group_size, lr=o.lr, warmup=o.warmup,
-                     lr_schedule=o.lr_schedule, lr_final=o.lr_final, weight_decay=o.weight_decay,
-                     grad_clip=o.grad_clip, weighting="flat", decode=o.decode, eval_every=0,
-                     eval_n=o.eval_n, eval_decode=o.eval_decode, seed=o.seed, out=out, save_every=o.save_every)
+    cfg = rft_from_orl(_orl(family, init, out), init, out)
+    cfg.eval_every = 0      # the suite sweeps every model afterwards
+    return cfg
 
 
 def _more_sft(family: str, init: str, out: str) -> SFTConfig:
-    cfg, last = _sft(family, out), _sft(family, out).stages[-1]
-    cfg.init = init
-    cfg.task_kwargs["seed"] = 1   # a fresh stream of train problems (held-out ones are excluded by hash)
-    steps = _orl(family, init, out).steps
-    cfg.stages = [SFTStage("more", steps=steps, lr=last.lr * last.min_lr_ratio, selfcond=last.selfcond, warmup=5,
-                           min_lr_ratio=1.0)]
-    cfg.save_every = 50
-    return cfg
+    return more_sft_from(_orl(family, init, out), _sft(family, out), init, out)
 
 
 def suite_sft_arith(out: str = "runs/suite/arith/sft") -> SFTConfig:
@@ -204,3 +213,50 @@ def rft_suite_string(init: str = "runs/suite/string/sft/final", out: str = "runs
 
 def more_sft_suite_string(init: str = "runs/suite/string/sft/final", out: str = "runs/suite/string/more_sft") -> SFTConfig:
     return _more_sft("string", init, out)
+
+
+def suite_sft_wordchain(out: str = "runs/suite/wordchain/sft") -> SFTConfig:
+    return _sft("wordchain", out)
+
+
+def orl_suite_wordchain(init: str = "runs/suite/wordchain/start", out: str = "runs/suite/wordchain/orl") -> ORLConfig:
+    return _orl("wordchain", init, out)
+
+
+def rft_suite_wordchain(init: str = "runs/suite/wordchain/sft/final", out: str = "runs/suite/wordchain/rft") -> RFTConfig:
+    return _rft("wordchain", init, out)
+
+
+def more_sft_suite_wordchain(init: str = "runs/suite/wordchain/sft/final", out: str = "runs/suite/wordchain/more_sft") -> SFTConfig:
+    return _more_sft("wordchain", init, out)
+
+def suite_sft_wordchain3(out: str = "runs/suite/wordchain3/sft") -> SFTConfig:
+    return _sft("wordchain3", out)
+
+
+def orl_suite_wordchain3(init: str = "runs/suite/wordchain3/start", out: str = "runs/suite/wordchain3/orl") -> ORLConfig:
+    return _orl("wordchain3", init, out)
+
+
+def rft_suite_wordchain3(init: str = "runs/suite/wordchain3/sft/final", out: str = "runs/suite/wordchain3/rft") -> RFTConfig:
+    return _rft("wordchain3", init, out)
+
+
+def more_sft_suite_wordchain3(init: str = "runs/suite/wordchain3/sft/final", out: str = "runs/suite/wordchain3/more_sft") -> SFTConfig:
+    return _more_sft("wordchain3", init, out)
+
+
+def suite_sft_wordadd(out: str = "runs/suite/wordadd/sft") -> SFTConfig:
+    return _sft("wordadd", out)
+
+
+def orl_suite_wordadd(init: str = "runs/suite/wordadd/start", out: str = "runs/suite/wordadd/orl") -> ORLConfig:
+    return _orl("wordadd", init, out)
+
+
+def rft_suite_wordadd(init: str = "runs/suite/wordadd/sft/final", out: str = "runs/suite/wordadd/rft") -> RFTConfig:
+    return _rft("wordadd", init, out)
+
+
+def more_sft_suite_wordadd(init: str = "runs/suite/wordadd/sft/final", out: str = "runs/suite/wordadd/more_sft") -> SFTConfig:
+    return _more_sft("wordadd", init, out)

@@ -1,7 +1,8 @@
 """Task names -> task objects, and user tasks given as ``module:function``.
 
 Owns: the table of built-in task names and `load_custom_task`, which imports a user's module,
-calls the named function and validates what it returns with `orl.tasks.base.check_task`.
+calls the named function and validates what it returns with `orl.tasks.base.check_task`, and
+`task_parameter`: whether a task takes an option (more SFT's fresh stream needs a ``seed``).
 Task modules are imported only when their task is requested, so importing the registry is cheap.
 
 Does not own: the tasks themselves (one file each next to this one), task-specific options
@@ -31,6 +32,7 @@ BUILTIN: dict[str, tuple[str, str, dict[str, Any]]] = {
     "carry_mul": ("orl.tasks.suite", "CarryTask", {"op": "*"}),
     "chain": ("orl.tasks.suite", "ChainTask", {}),
     "string": ("orl.tasks.suite", "StringTask", {}),
+    "wordchain": ("orl.tasks.suite", "WordChainTask", {}),
 }
 
 
@@ -61,6 +63,31 @@ def get_task(name: str, **kwargs: Any) -> Task:
     return check_task(getattr(importlib.import_module(module), cls)(**fixed, **kwargs))
 
 
+def task_parameter(name: str, option: str):
+    """The `inspect.Parameter` of option ``option`` (e.g. ``"seed"``) that task ``name`` takes by name, in
+    its constructor (a built-in task, a data file) or its function (a user's task: its module is imported);
+    None when it takes no such option (a ``**kwargs`` catch-all is not counted: the option may mean
+    nothing to it) or the name is unknown. The built-ins' fixed options are not theirs to take."""
+    import inspect  # noqa: PLC0415
+    if name.endswith((".jsonl", ".json", ".jsonl.gz")):
+        from orl.tasks.jsonl import JsonlTask  # noqa: PLC0415
+        fn, fixed = JsonlTask, {"path": name}
+    elif ":" in name:
+        fn, fixed = _custom_factory(name), {}
+    elif name in BUILTIN:
+        module, cls, fixed = BUILTIN[name]
+        fn = getattr(importlib.import_module(module), cls)
+    else:
+        return None
+    try:
+        p = inspect.signature(fn).parameters.get(option)
+    except (TypeError, ValueError):   # no signature to read (a builtin callable)
+        return None
+    if p is None or option in fixed or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        return None
+    return p
+
+
 def load_custom_task(spec: str, **kwargs: Any) -> Task:
     """Import the module of ``"module:function"``, call ``function(**kwargs)``, validate the task.
 
@@ -71,6 +98,23 @@ def load_custom_task(spec: str, **kwargs: Any) -> Task:
     not take are a TypeError that says where task options come from (the user, never a recipe
     written for another task)."""
     import inspect  # noqa: PLC0415
+    factory = _custom_factory(spec)
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as e:
+        raise TypeError(f"{spec} does not take the task options {kwargs} ({e}); task options come only from you: "
+                        "--task-kw KEY=VALUE or --set task_kwargs.KEY=VALUE") from None
+    except ValueError:  # no signature to check (a builtin): the call says it
+        pass
+    task = factory(**kwargs)
+    try:
+        return check_task(task)
+    except TypeError as e:
+        raise TypeError(f"{spec}() returned an invalid task: {e}") from None
+
+
+def _custom_factory(spec: str):
+    """The function ``"module:function"`` names, imported (`load_custom_task` says how)."""
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -116,15 +160,4 @@ def load_custom_task(spec: str, **kwargs: Any) -> Task:
         raise AttributeError(f"module {where!r} has no attribute {attr!r} (it has: {names})") from None
     if not callable(factory):
         raise TypeError(f"{spec} is {type(factory).__name__}, expected a function returning a task")
-    try:
-        inspect.signature(factory).bind(**kwargs)
-    except TypeError as e:
-        raise TypeError(f"{spec} does not take the task options {kwargs} ({e}); task options come only from you: "
-                        "--task-kw KEY=VALUE or --set task_kwargs.KEY=VALUE") from None
-    except ValueError:  # no signature to check (a builtin): the call says it
-        pass
-    task = factory(**kwargs)
-    try:
-        return check_task(task)
-    except TypeError as e:
-        raise TypeError(f"{spec}() returned an invalid task: {e}") from None
+    return factory

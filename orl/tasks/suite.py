@@ -231,20 +231,28 @@ class ChainTask(_Generated):
     seed: int = 0
     n_test: int = 500
     name: str = "chain"
+    ops: str = "+-*/"              # the operations drawn from; "+" alone: a running sum (start <= max_value - 9 steps)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.max_value < 10:
             raise ValueError(f"chain needs steps >= 1 and max_value >= 10, got steps={self.steps}, "
                              f"max_value={self.max_value}")
+        if not self.ops or set(self.ops) - set("+-*/") or self._start_max() < 10:
+            raise ValueError(f"chain ops must be a non-empty subset of '+-*/' (got {self.ops!r}), and with ops "
+                             f"'+' alone max_value >= 10 + 9 * steps (got max_value={self.max_value}, steps={self.steps})")
+
+    def _start_max(self) -> int:
+        """The largest start value: max_value, or (only "+": every step can add 9) max_value - 9 steps."""
+        return self.max_value if set(self.ops) - {"+"} else self.max_value - 9 * self.steps
 
     def _choices(self, v: int) -> dict[str, list[int]]:
         c = {"+": list(range(1, min(9, self.max_value - v) + 1)), "-": list(range(1, min(9, v) + 1)),
              "*": [k for k in range(2, 10) if v >= 1 and v * k <= self.max_value],
              "/": [k for k in range(2, 10) if v >= 1 and v % k == 0]}
-        return {op: ks for op, ks in c.items() if ks}
+        return {op: ks for op, ks in c.items() if ks and op in self.ops}
 
     def _draw(self, rng: random.Random, pid: str) -> Problem:
-        v = start = rng.randint(10, self.max_value)
+        v = start = rng.randint(10, self._start_max())
         ops = []
         for _ in range(self.steps):
             c = self._choices(v)
@@ -357,11 +365,117 @@ class StringTask(_Generated):
         return "ok" if int(final) == int(problem.answer) else "final"
 
 
+# ---------------------------------------------------------------- a chain written in many phrasings
+_WORD = {"+": "plus", "-": "minus", "*": "times", "/": "over"}
+_VERB = {"+": ("add", "to"), "-": ("take", "from"), "*": ("multiply", "by"), "/": ("divide", "by")}
+_SEPS = ("; ", ", then ", ". Next, ", ", so ")          # between two steps
+_FINAL_SEPS = ("; ", ". ", ", so ")                     # before the answer
+_SPLIT = re.compile(r";|,then|\.Next,|,so|\.")          # any separator, whitespace removed ("." last)
+_P_SYMBOL = re.compile(r"(\d+)([-+*/])(\d+)=(\d+)")
+_P_WORD = re.compile(r"(\d+)(plus|minus|times|over)(\d+)(?:is|gives|makes)(\d+)")
+_P_VERB = re.compile(r"(add|take|multiply|divide)(\d+)(to|from|by)(\d+)(?::|gives)(\d+)")
+_P_FINAL = re.compile(r"(?:theansweris)?#(\d+)")
+
+
+@dataclass
+class WordChainTask(ChainTask):
+    """`chain`'s problems, each step written in one of several equally valid phrasings drawn at random.
+
+    ``26;+9;*2;-5=`` -> ``26+9=35, then 2 times 35 is 70. Next, take 5 from 70: 65; the answer is #65``.
+    Per step, uniformly: ``v<op>k=r``; ``k<op>v=r`` (``+`` and ``*`` only); ``v plus|minus|times|over k
+    is|gives|makes r``; ``add k to v`` / ``take k from v`` / ``multiply v by k`` / ``divide v by k``, then
+    ``: r`` or `` gives r``; steps joined by ``; `` / ``, then `` / ``. Next, `` / ``, so ``; the answer
+    after ``; `` / ``. `` / ``, so ``, as ``#r`` or ``the answer is #r``. The phrasing is drawn per problem
+    (deterministic in its id), so a model trained on the data cannot know how a step will be written
+    until the text picks one: the uncertainty that keeps a threshold decoder of a real diffusion LM at
+    2-3 tokens per forward on GSM8K-style answers, which `chain` (one phrasing) lacks. The values still
+    chain: each step starts from the previous written result. ``phrasing="one"`` writes every step as
+    ``chain`` does (``v<op>k=r``, ``; ``): the same problems with the ambiguity removed, a control.
+
+    The strict verifier reads the text with whitespace removed and accepts every phrasing above, in any
+    mix: each step must be the prompt's operation on the previous written result (operands in either
+    order for ``+`` and ``*``) with the right value, and the answer the last result.
+    """
+
+    steps: int = 8
+    max_value: int = 50
+    phrasing: str = "many"     # "many": the forms above at random; "one": chain's single form
+    name: str = "wordchain"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.phrasing not in ("many", "one"):
+            raise ValueError(f"wordchain phrasing must be 'many' or 'one', got {self.phrasing!r}")
+
+    @staticmethod
+    def phrase(v: int, op: str, k: int, r: int, rng: random.Random) -> str:
+        """One step ``v op k = r`` in a phrasing drawn from ``rng`` (each form equally likely)."""
+        forms = [f"{v}{op}{k}={r}", f"{v} {_WORD[op]} {k} {rng.choice(('is', 'gives', 'makes'))} {r}"]
+        verb, prep = _VERB[op]
+        a, b = (k, v) if op in "+-" else (v, k)
+        forms.append(f"{verb} {a} {prep} {b}{rng.choice((': ', ' gives '))}{r}")
+        if op in "+*":
+            forms.append(f"{k}{op}{v}={r}")
+        return rng.choice(forms)
+
+    def solution(self, problem: Problem) -> str:
+        """A worked solution as the SFT data teaches it: a phrasing per step drawn from the problem id."""
+        if self.phrasing == "one":
+            return super().solution(problem)
+        rng = random.Random(f"phrasing:{problem.id}")
+        v, text = problem.meta["start"], ""
+        for i, (op, k) in enumerate(problem.meta["ops"]):
+            r = _APPLY[op](v, k)
+            text += (rng.choice(_SEPS) if i else "") + self.phrase(v, op, k, r, rng)
+            v = r
+        return text + rng.choice(_FINAL_SEPS) + rng.choice(("", "the answer is ")) + f"#{v}"
+
+    @staticmethod
+    def read_step(piece: str) -> tuple[tuple[int, int], str, int] | None:
+        """A step's text (whitespace removed) -> ((first operand, second operand), op, result), the
+        operands as written, with ``add k to v`` / ``take k from v`` put back as (v, k); None if no form."""
+        if m := _P_SYMBOL.fullmatch(piece):
+            return (int(m[1]), int(m[3])), m[2], int(m[4])
+        if m := _P_WORD.fullmatch(piece):
+            return (int(m[1]), int(m[3])), {w: o for o, w in _WORD.items()}[m[2]], int(m[4])
+        if m := _P_VERB.fullmatch(piece):
+            op = {v[0]: o for o, v in _VERB.items()}[m[1]]
+            if m[3] != _VERB[op][1]:
+                return None
+            a, b = int(m[2]), int(m[4])
+            return ((b, a) if op in "+-" else (a, b)), op, int(m[5])
+        return None
+
+    def diagnose(self, problem: Problem, completion: str) -> str:
+        """"ok", or the first fault: "malformed" (a piece in no phrasing), "steps", "chain" (a step does
+        not start from the previous written result), "operation" (not the prompt's), "value", "final"."""
+        pieces = _SPLIT.split(_WS.sub("", completion))
+        final = _P_FINAL.fullmatch(pieces[-1])
+        if len(pieces) < 2 or final is None:
+            return "malformed"
+        steps = [self.read_step(x) for x in pieces[:-1]]
+        if any(s is None for s in steps):
+            return "malformed"
+        if len(steps) != len(problem.meta["ops"]):
+            return "steps"
+        prev = problem.meta["start"]
+        for ((a, b), o, r), (op, k) in zip(steps, problem.meta["ops"]):
+            if o != op:
+                return "operation"
+            if (a, b) != (prev, k) and not (op in "+*" and (b, a) == (prev, k)):
+                return "chain" if prev not in (a, b) else "operation"
+            if r != _APPLY[op](prev, k):
+                return "value"
+            prev = r
+        return "ok" if int(final[1]) == int(problem.answer) else "final"
+
+
 def make_task(family: str, **kw) -> _Generated:
-    """A suite task by family name: carry_add, carry_mul, chain or string (the suite's arith family is
+    """A suite task by family name: carry_add, carry_mul, chain, string or wordchain (the suite's arith family is
     `orl.tasks.arith.ArithTask(strict=True)`; `orl.tasks.registry.get_task` builds every family)."""
     makers = {"carry_add": lambda: CarryTask(op="+", **kw), "carry_mul": lambda: CarryTask(op="*", **kw),
-              "chain": lambda: ChainTask(**kw), "string": lambda: StringTask(**kw)}
+              "chain": lambda: ChainTask(**kw), "string": lambda: StringTask(**kw),
+              "wordchain": lambda: WordChainTask(**kw)}
     if family not in makers:
         raise ValueError(f"unknown suite family {family!r}; choose one of {sorted(makers)}")
     return makers[family]()

@@ -65,6 +65,9 @@ class ORLConfig:
     eval_n: int = 200
     eval_decode: DecodeConfig | None = None
     seed: int = 0
+    prompt_seed: int = 0              # which prompts: step s draws problems PROMPT_STRIDE * prompt_seed + s * prompts_per_step + j
+                                      # of the train stream (0: the same stream whatever `seed`; set it per seed for
+                                      # seeds that see different prompts)
     device: str = "cpu"               # "cuda" on a GPU machine (each rank uses its local GPU under torchrun)
     rollout_engine: str = "auto"      # "runtime": G rows per launch through orl.engine (CUDA graphs, capture
                                       # in the graph); "reference": orl.decode.decode; "auto": runtime on CUDA
@@ -92,9 +95,31 @@ class ORLConfig:
     replay_head: str = "all"          # "all": LM head over every replayed token, then the states' gathered (the
                                       # CPU recipes' numerics); "states": the head at the states' tokens only
                                       # ((S, K, V) logits instead of (B, T, V); equal up to float rounding)
+    # held-out accuracy guard (docs/method.md 3.9, our choice; 0 = off): every ``guard_every`` steps, decode
+    # ``guard_n`` problems the run never trains on with the eval decoder; an accuracy more than ``guard_drop``
+    # (absolute) below the start model's restores the last weights that passed, with their AdamW state, and
+    # multiplies the LR by ``guard_lr_factor``; after ``guard_max_trips`` trips the run stops. The run's last
+    # weights are checked too, so the final model is never one that failed the guard.
+    pathway_lr: float = 1.0           # LR multiplier of the residual pathway's parameters (0: frozen; 3.3.4)
+    # verified-batch floor (docs/method.md 3.9, our choice; 0 = off): a step whose rollouts hold fewer than
+    # ``min_verified`` verified responses rolls out ``prompts_per_step`` more prompts with the same weights, up to
+    # ``max_rollout_rounds`` rounds in all; still short, it updates with its LR x (verified / min_verified)
+    min_verified: int = 0
+    max_rollout_rounds: int = 4
+    guard_every: int = 0
+    guard_n: int = 128
+    guard_drop: float = 0.05
+    guard_lr_factor: float = 0.5
+    guard_max_trips: int = 3
+    guard_ref: str = "start"          # the accuracy a check must stay within guard_drop of: "start", or "best" so far
+    log_update_max_params: int = 200_000_000  # metrics: the relative update of the whole model is logged when it
+                                              # has at most this many parameters (a copy per step); the pathway's always
     out: str = "runs/orl"
     save_every: int = 25
     log_every: int = 1
+
+
+PROMPT_STRIDE = 1_000_003  # train-stream indices between two prompt seeds' streams (ORLConfig.prompt_seed)
 
 
 def lr_factor(step: int, cfg: ORLConfig) -> float:
@@ -135,7 +160,8 @@ def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, min
     ``verifier``, the run's `orl.eval.pool.VerifierPool`: the path evaluation scores through)."""
     rolls = []
     for i in mine:
-        prob = task.sample("train", i) if train_problems else pool[i % len(pool)]
+        j = i + PROMPT_STRIDE * cfg.prompt_seed   # the stream index (the generators stay keyed by i)
+        prob = task.sample("train", j) if train_problems else pool[j % len(pool)]
         g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
         seed = (cfg.seed * 7_919 + i) * cfg.group_size  # the group's counter streams: rows seed .. seed + G - 1
         rolls += rollout_group(policy, tok, task, prob, cfg.group_size, cfg.decode, generator=g,
@@ -143,6 +169,17 @@ def _rollouts(cfg: ORLConfig, policy, tok, task, pool, train_problems: bool, min
                                runtime=runtime, seed=seed, verifier=verifier, reward_errors=cfg.reward_errors,
                                rng=CounterRNG(seed) if cfg.rollout_rng == "counter" else None)
     return rolls
+
+
+EXTRA_ROUNDS = 1 << 36  # train-stream indices of the extra rollout rounds (min_verified) start here
+
+
+def _round_ids(step: int, rnd: int, cfg: ORLConfig) -> range:
+    """The prompt indices of rollout round ``rnd`` of step ``step``: the step's own ``prompts_per_step``
+    (round 0), or a block of the extra rounds' region, disjoint from every other step's and round's."""
+    P = cfg.prompts_per_step
+    first = step * P if rnd == 0 else EXTRA_ROUNDS + (step * cfg.max_rollout_rounds + rnd) * P
+    return range(first, first + P)
 
 
 def _uses_runtime(cfg: ORLConfig, device) -> bool:
@@ -223,13 +260,19 @@ class ORLTrainer:
             rdt = _DTYPES.get(cfg.rollout_dtype) if _uses_runtime(cfg, device) and cfg.rollout_dtype else None
             self.replica = D.make_replica(model, rdt) if self.behaviour is None else None
             D.shard(model, torch.bfloat16 if cfg.precision == "bf16" else None)
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+        params = list(model.parameters())
+        if cfg.pathway_lr != 1.0:  # two groups only then: the one-group optimizer (and its checkpoints) otherwise
+            pw = [p for n, p in model.named_parameters() if _is_pathway(n)]
+            params = [{"params": [p for n, p in model.named_parameters() if not _is_pathway(n)], "lr_mult": 1.0},
+                      {"params": pw, "lr_mult": cfg.pathway_lr}]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         st = self.run.load(model, self.opt)
         self.step_i = st["step"]
         if self.behaviour is not None and self.step_i:  # the stale policy: the weights at the last refresh step,
             # stored with the checkpoint unless that step is this one
             self.behaviour.load_state_dict(st["behaviour"] if "behaviour" in st else self._state())
         self.runtime = _rollout_runtime(cfg, self.policy(refresh=True), device)
+        self._guard_init(st)
         trained = model.config.block_size
         if self.rank == 0 and cfg.decode.block_size != trained:  # a recipe written for another model, most often
             print(f"note: decode.block_size {cfg.decode.block_size} is not the start model's block size {trained} "
@@ -251,6 +294,14 @@ class ORLTrainer:
             return self.replica
         return self.model
 
+    def _global_sum(self, n: int) -> int:
+        """``n`` summed over the ranks (every rank calls it)."""
+        if self.world == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return int(t.item())
+
     def _sync(self) -> float:
         if str(self.device).startswith("cuda"):
             torch.cuda.synchronize(self.device)
@@ -262,7 +313,7 @@ class ORLTrainer:
         K = cfg.decode.block_size
         t0 = self._sync()
         for g_ in opt.param_groups:
-            g_["lr"] = cfg.lr * lr_factor(step, cfg)
+            g_["lr"] = cfg.lr * lr_factor(step, cfg) * self.guard["lr_scale"] * g_.get("lr_mult", 1.0)
         if self.behaviour is not None and step % cfg.stale_every == 0:
             self.behaviour.load_state_dict(self._state())
         policy = self.policy(refresh=True)
@@ -270,14 +321,21 @@ class ORLTrainer:
         runtime = self.runtime if cfg.rollout_engine != "reference" else None
         if runtime is not None:
             runtime.load_weights(policy)
-        # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts)
-        ids = range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step)
-        mine = [i for j, i in enumerate(ids) if j % self.world == self.rank]
-        try:
-            rolls = _rollouts(cfg, policy, self.tok, self.task, self.pool, self.train_problems, mine, runtime,
-                              self.verifier)
-        except torch.OutOfMemoryError as e:
-            raise _oom("the rollouts", step, cfg, None) from e
+        # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts); with ``min_verified``, further
+        # rounds of fresh prompts with the same weights (still on-policy) until the step holds that many verified
+        # responses or ``max_rollout_rounds`` rounds ran (docs/method.md 3.9)
+        rolls, rounds = [], 0
+        while True:
+            mine = [i for j, i in enumerate(_round_ids(step, rounds, cfg)) if j % self.world == self.rank]
+            try:
+                rolls += _rollouts(cfg, policy, self.tok, self.task, self.pool, self.train_problems, mine, runtime,
+                                   self.verifier)
+            except torch.OutOfMemoryError as e:
+                raise _oom("the rollouts", step, cfg, None) from e
+            rounds += 1
+            if not cfg.min_verified or rounds >= cfg.max_rollout_rounds or \
+                    self._global_sum(sum(r.reward >= 1.0 for r in rolls)) >= cfg.min_verified:
+                break
         t1 = self._sync()
         # ---- 2. verify: only rewarded rollouts supervise
         verified = [r for r in rolls if r.reward >= 1.0]
@@ -303,10 +361,17 @@ class ORLTrainer:
                 dist.all_reduce(t)
                 m.update(zip(_REDUCED, t.tolist()))
         t2 = self._sync()
+        if cfg.min_verified:  # a batch still below the floor takes a step in proportion to its size (3.9)
+            m.update(rollout_rounds=rounds, verified_lr_scale=min(1.0, n_global / cfg.min_verified))
+            for g_ in opt.param_groups:
+                g_["lr"] *= m["verified_lr_scale"]
         if n_global > 0:
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            before = _params_before(model, cfg.log_update_max_params)
             opt.step()
+            self._good_is_current = False
             m["grad_norm"] = D.grad_norm(gn)
+            m.update(_update_sizes(model, before))
         t3 = self._sync()
         self.step_i = step + 1
         # ---- metrics
@@ -317,6 +382,7 @@ class ORLTrainer:
                  tpf_no_commit=t["tpf_no_commit"], steps_per_block=t["steps_per_block"], verified=len(verified),
                  rollout_tokens_per_s=n_tok / max(t_roll, 1e-9), train_tokens_per_s=n_train_tok / max(t_train, 1e-9))
         m["accuracy"] = m["reward"]
+        m.update(_supervision_shares(rolls, verified, sels, K))
         m["reward_errors"] = sum(1 for r in rolls if r.reward_error)  # counted with reward_errors="zero"; this rank's
         m["reward_error_rate"] = m["reward_errors"] / max(len(rolls), 1)
         self.timing = {"t_rollout": t_roll, "t_replay": t2 - t1, "t_optim": t3 - t2, "rollout_tokens": n_tok,
@@ -364,13 +430,94 @@ class ORLTrainer:
             D.idle_pass(model, self.device)
         return n_tok
 
+    # ---- the held-out accuracy guard (docs/method.md 3.9)
+
+    def _guard_init(self, st: dict) -> None:
+        """The guard's state: from the checkpoint, or (a fresh run) the start model's accuracy on the
+        guard's problems and a copy of its weights and AdamW state as the last weights that passed."""
+        self.guard = {"ref": None, "start": None, "good_step": 0, "good_acc": None, "trips": 0, "lr_scale": 1.0,
+                      "stopped": False}
+        self._good, self._good_is_current = None, False
+        if not self.cfg.guard_every:
+            return
+        if self.world > 1:
+            raise ValueError("guard_every > 0 needs one process (its copy of the last good weights is not sharded); "
+                             "run without torchrun or set guard_every=0")
+        saved = st.get("guard")
+        if saved is None:  # a fresh run (or a guard switched on at a resume): the reference is these weights
+            acc = self.guard_accuracy()
+            self.guard.update(ref=acc, start=acc, good_step=self.step_i, good_acc=acc)
+            self._good = self._snapshot()
+            return
+        good = saved.pop("good")
+        self.guard.update(saved)
+        self._good = self._snapshot() if good == "current" else good
+        self._good_is_current = good == "current"
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        self._good_is_current = True
+        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                copy.deepcopy(self.opt.state_dict()))
+
+    def guard_problems(self) -> list:
+        """The guard's problems: ``guard_n`` of the train stream far beyond any index a run samples
+        (`GUARD_OFFSET`), so never trained on and never the task's held-out split; a task without
+        ``sample``: the last ``guard_n`` of its held-out split (keep ``eval_n`` below the rest)."""
+        if self.train_problems:
+            return [self.task.sample("train", GUARD_OFFSET + j) for j in range(self.cfg.guard_n)]
+        return self.task.problems("test")[-self.cfg.guard_n:]
+
+    def guard_accuracy(self) -> float:
+        """This step's weights' accuracy on the guard's problems, decoded with the eval decoder (greedy
+        unless ``eval_decode`` says otherwise), under a forked RNG: the run's randomness is untouched."""
+        from ..eval.heldout import evaluate  # noqa: PLC0415
+        cfg = self.cfg
+        if not hasattr(self, "_guard_set"):
+            self._guard_set = self.guard_problems()
+        model = self.eval_model()
+        was = model.training
+        model.eval()
+        with torch.random.fork_rng(devices=[torch.device(self.device)] if str(self.device).startswith("cuda") else []):
+            ev = evaluate(model, self.tok, self.task, self._guard_set,
+                          cfg.eval_decode or dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat,
+                          reward_errors=cfg.reward_errors, verifier=self.verifier)
+        model.train(was)
+        return float(ev["accuracy"])
+
+    def guard_check(self) -> dict:
+        """Evaluate the guard now (after this step's update). Passing (accuracy >= reference -
+        ``guard_drop``): these weights become the last good ones (with ``guard_ref="best"`` a new best
+        raises the reference). Failing: the last good weights and their AdamW state come back, the LR
+        scale is multiplied by ``guard_lr_factor``, and after ``guard_max_trips`` failures the run
+        stops (``self.guard["stopped"]``). Returns the metrics of the check."""
+        cfg, g = self.cfg, self.guard
+        acc = self.guard_accuracy()
+        ok = acc >= g["ref"] - cfg.guard_drop - 1e-12
+        if ok:
+            g.update(good_step=self.step_i, good_acc=acc)
+            if cfg.guard_ref == "best":
+                g["ref"] = max(g["ref"], acc)
+            self._good = self._snapshot()
+        else:
+            self.model.load_state_dict(self._good[0])
+            self.opt.load_state_dict(copy.deepcopy(self._good[1]))
+            self._good_is_current = True
+            g["trips"] += 1
+            g["lr_scale"] *= cfg.guard_lr_factor
+            g["stopped"] = g["trips"] >= cfg.guard_max_trips
+        return {"guard_accuracy": acc, "guard_ok": float(ok), "guard_trips": g["trips"],
+                "guard_lr_scale": g["lr_scale"], "guard_good_step": g["good_step"]}
+
     def save(self) -> None:
         """A checkpoint of this step (every rank calls it), with the stale policy's weights when they
-        are not this step's (the off-policy ablation between two refreshes)."""
+        are not this step's (the off-policy ablation between two refreshes), and the guard's state
+        (its last good weights and AdamW state unless they are this step's)."""
         full = self.policy(refresh=True) if self.replica is not None else None
         state = {}
         if self.behaviour is not None and self.step_i % self.cfg.stale_every and self.rank == 0:  # rank 0 writes it
             state["behaviour"] = {k: v.detach().cpu().clone() for k, v in self.behaviour.state_dict().items()}
+        if self.cfg.guard_every:
+            state["guard"] = {**self.guard, "good": "current" if self._good_is_current else self._good}
         self.run.save(self.step_i, self.model, self.opt, state, tokenizer=self.tok, full_model=full)
 
     def close(self) -> None:
@@ -386,6 +533,54 @@ class ORLTrainer:
 # loss metrics averaged over every rank's responses (the others, e.g. entropy_contraction, stay this rank's)
 _REDUCED = ("loss", "loss_pred", "loss_aec", "loss_anchor", "ce_unresolved", "entropy_unresolved", "gate_frac",
             "anchor_frac")
+
+
+def _is_pathway(name: str) -> bool:
+    return name.startswith("residual_pathway.") or ".residual_pathway." in name
+
+
+def _sq(t: torch.Tensor) -> float:
+    """Sum of squares of a tensor (a DTensor shard's summed over ranks)."""
+    v = t.detach().float().pow(2).sum()
+    return float(v.full_tensor() if hasattr(v, "full_tensor") else v)
+
+
+def _params_before(model, max_params: int) -> dict:
+    """Copies of the parameters whose update the step logs: the residual pathway's always, the rest
+    when the model has at most ``max_params`` parameters."""
+    every = sum(p.numel() for p in model.parameters()) <= max_params
+    return {n: p.detach().clone() for n, p in model.named_parameters() if every or _is_pathway(n)}
+
+
+@torch.no_grad()
+def _update_sizes(model, before: dict) -> dict:
+    """The step's relative update ||theta_after - theta_before|| / ||theta_before|| of the residual
+    pathway (``update_pathway``) and of every other parameter (``update_model``), for the parameters
+    in ``before``."""
+    acc = {"pathway": [0.0, 0.0], "model": [0.0, 0.0]}
+    for n, p in model.named_parameters():
+        if n in before:
+            a = acc["pathway" if _is_pathway(n) else "model"]
+            a[0] += _sq(p - before[n])
+            a[1] += _sq(before[n])
+    return {f"update_{k}": (d / max(b, 1e-30)) ** 0.5 for k, (d, b) in acc.items() if b > 0}
+
+
+def _supervision_shares(rolls: list, verified: list, sels: list, K: int) -> dict:
+    """What the step trained on: the share of rollouts verified (only those supervise), the states and
+    unresolved positions replayed, and the share of those positions after the response's EOS (targets
+    the verifier never read: whatever the rollout committed there)."""
+    n_pos = n_post = n_states = 0
+    for sel in sels:
+        r = sel.rollout
+        for i in sel.states:
+            st = r.states[i]
+            pos = st.block * K + torch.nonzero(st.unresolved).flatten()
+            n_pos += int(pos.numel())
+            n_post += int((pos >= r.n_generated).sum())
+            n_states += 1
+    return {"verified_share": len(verified) / max(len(rolls), 1), "train_states": n_states,
+            "train_positions": n_pos, "post_eos_frac": n_post / max(n_pos, 1)}
 
 
 def _state_logits(model, batch, mask, fw: dict, head: str) -> torch.Tensor:
@@ -406,6 +601,15 @@ def _check(cfg: ORLConfig) -> None:
     if cfg.replay_attention == "flex" and not str(cfg.device).startswith("cuda"):
         raise ValueError("replay_attention='flex' needs device='cuda' (FlexAttention has no backward on the CPU); "
                          "use replay_attention='dense' on the CPU")
+    if cfg.min_verified < 0 or cfg.max_rollout_rounds < 1:
+        raise ValueError(f"min_verified must be >= 0 (0: off) and max_rollout_rounds >= 1, got {cfg.min_verified}, "
+                         f"{cfg.max_rollout_rounds}")
+    if cfg.guard_every < 0 or (cfg.guard_every and cfg.guard_n < 1):
+        raise ValueError(f"guard_every must be >= 0 (0: no guard) and guard_n >= 1, got {cfg.guard_every}, {cfg.guard_n}")
+    if cfg.guard_ref not in ("start", "best"):
+        raise ValueError(f"guard_ref must be 'start' or 'best', got {cfg.guard_ref!r}")
+    if not 0 < cfg.guard_lr_factor <= 1:
+        raise ValueError(f"guard_lr_factor must be in (0, 1], got {cfg.guard_lr_factor}")
     if cfg.micro_batch_tokens < 0:
         raise ValueError(f"micro_batch_tokens must be >= 0 (0: one replay batch), got {cfg.micro_batch_tokens}")
 
@@ -459,6 +663,8 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         tr.close()
 
 
+GUARD_OFFSET = 1 << 40  # the guard's problems: train-stream indices from here on (a run samples from 0 up)
+
 NO_VERIFIED_WARN = 0.25  # share of steps without a verified rollout above which the loop warns
 
 
@@ -495,8 +701,8 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
     no_update = _steps_without_update(cfg.out, tr.step_i) if rank == 0 else 0
     warned = False
     bar = tqdm(total=cfg.steps, initial=tr.step_i, desc="orl", disable=quiet or rank != 0, dynamic_ncols=True)
-    while tr.step_i < cfg.steps:
-        lr = cfg.lr * lr_factor(tr.step_i, cfg)
+    while tr.step_i < cfg.steps and not tr.guard["stopped"]:
+        lr = cfg.lr * lr_factor(tr.step_i, cfg) * tr.guard["lr_scale"]
         m = tr.step()
         step = tr.step_i
         no_update += "loss" not in m
@@ -512,6 +718,14 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
                                                                           "steps_per_block", "n_errors")})
                 if on_eval:
                     on_eval(step, ev)
+        if cfg.guard_every and (step % cfg.guard_every == 0 or step == cfg.steps):  # after the eval: it may restore
+            m.update(tr.guard_check())
+            if not m["guard_ok"] and rank == 0:
+                g = tr.guard
+                bar.write(f"guard: step {step} accuracy {100 * m['guard_accuracy']:.1f} % on {cfg.guard_n} problems is "
+                          f"more than {100 * cfg.guard_drop:.1f} points below {100 * g['ref']:.1f} %: restored the "
+                          f"weights of step {g['good_step']}" + (f", stopping after {g['trips']} trips" if g["stopped"]
+                                                                 else f", LR x {g['lr_scale']:g}"), file=sys.stderr)
         if rank == 0:  # one record per step: the log was cut back to the resumed step
             run_state = {"lr": lr, "no_verified_share": share, "steps_without_update": no_update}
             tr.run.log({"step": step, **m, "run": run_state})
@@ -524,7 +738,7 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
             if not warned and share > NO_VERIFIED_WARN and 10 <= step < cfg.steps:  # (the end says it again)
                 warned = True
                 bar.write(_no_verified_warning(no_update, step, cfg), file=sys.stderr)
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if step % cfg.save_every == 0 or step == cfg.steps or tr.guard["stopped"]:
             tr.save()
         if stop_after is not None and step >= stop_after:
             break
@@ -533,7 +747,7 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
     if rank == 0 and tr.step_i and no_update / tr.step_i > NO_VERIFIED_WARN:
         print(_no_verified_warning(no_update, tr.step_i, cfg), file=sys.stderr, flush=True)
     final = os.path.join(cfg.out, "final")
-    if tr.step_i >= cfg.steps:
+    if tr.step_i >= cfg.steps or tr.guard["stopped"]:
         fm = tr.eval_model()
         if rank == 0:
             save_pretrained(fm, final, tokenizer=tr.tok)

@@ -132,13 +132,25 @@ def orl_loss(logits, targets, unresolved, resp, pairs, R: int, cfg: LossConfig, 
     loss = lp + cfg.lambda_aec * la + cfg.lambda_kl * lk
     with torch.no_grad():
         u = unresolved
+        nu = u.sum().clamp_min(1)
+        gated = (h_det >= cfg.gate_tau) & sup if cfg.gate == "hard" else sup
         metrics = {"loss": loss.item(), "loss_pred": lp.item(), "loss_aec": la.item(), "loss_anchor": lk.item(),
-                   "ce_unresolved": float((ce * u).sum() / u.sum().clamp_min(1)),
-                   "entropy_unresolved": float((h_det * u).sum() / u.sum().clamp_min(1)),
-                   "gate_frac": float(((h_det >= cfg.gate_tau) & u).sum() / u.sum().clamp_min(1)),
-                   "anchor_frac": kl_frac}
+                   "ce_unresolved": float((ce * u).sum() / nu),
+                   "entropy_unresolved": float((h_det * u).sum() / nu),
+                   "gate_frac": float(((h_det >= cfg.gate_tau) & u).sum() / nu),
+                   "anchor_frac": kl_frac,
+                   # where the CE acts: its mean over the gated positions, and over the ones the gate leaves out
+                   "ce_gated": float((ce * gated).sum() / gated.sum().clamp_min(1)),
+                   "ce_ungated": float((ce * (u & ~gated)).sum() / (u & ~gated).sum().clamp_min(1)),
+                   # how wrong the model's confident guesses are: unresolved positions whose argmax is not the target
+                   "argmax_wrong": float(((logits.argmax(-1) != targets) & u).sum() / nu)}
+        if cfg.anchor != "none" and cfg.lambda_kl > 0:
+            metrics["kl_unresolved"] = float((kl * u).sum() / nu)            # uncapped, every unresolved position
+            metrics["kl_anchored"] = float((kl * g).sum() / g.sum().clamp_min(1))   # where the anchor holds
+            metrics["kl_free"] = float((kl * (u & ~g)).sum() / (u & ~g).sum().clamp_min(1))  # where it does not
         if pairs.numel():
             ok = u[pairs[:, 1]].any(-1) & (hbar[pairs[:, 0]] > 0)
             if bool(ok.any()):
                 metrics["entropy_contraction"] = float(1 - (hbar[pairs[ok, 1]] / hbar[pairs[ok, 0]]).mean())
+                metrics["aec_active"] = float((hbar[pairs[ok, 1]] > (1 - cfg.rho) * hbar[pairs[ok, 0]]).float().mean())
     return loss, metrics

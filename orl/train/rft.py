@@ -9,11 +9,14 @@ states and the residual they consumed (no residual replay: the SFT forward gets 
 no self-conditioning), the AEC term, the reverse-KL anchor and the pathway rescaling (it starts
 from the base itself). An iteration with no verified rollout makes no update.
 Batch corruption and rollouts are functions of (seed, step), so a resumed run ends where an
-uninterrupted one does (tested). Writes ``metrics.jsonl`` and ``out/final`` as `train_orl` does.
+uninterrupted one does (tested). Writes ``metrics.jsonl``, ``resolved_config.json``, the loggers'
+scalars and ``out/final`` as `train_orl` does. `rft_from_orl` derives the config from an ORL run's
+(the one derivation: `orl train --method rft`, the suite's ``rft_suite_*`` recipes, benchmarks/suite_runs.py).
 Does not own: decoding and capture (`orl.train.rollout`), the SFT loss (`orl.train.noise`).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -24,7 +27,7 @@ from ..decode import DecodeConfig
 from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
 from .checkpoint import RunDir, open_run
-from .loop import lr_factor
+from .loop import PROMPT_STRIDE, ORLConfig, _rollout_runtime, lr_factor
 from .noise import make_batch
 from .rollout import rollout_group
 from .sft import sft_step
@@ -52,10 +55,33 @@ class RFTConfig:
     eval_n: int = 200
     eval_decode: DecodeConfig | None = None
     seed: int = 0
+    prompt_seed: int = 0              # as ORLConfig.prompt_seed
     device: str = "cpu"
     out: str = "runs/rft"
     save_every: int = 25
     reward_errors: str = "raise"      # as ORLConfig.reward_errors
+    rollout_engine: str = "auto"      # as ORLConfig: "auto" = the runtime's batched rollouts on CUDA, as ORL's
+    rollout_dtype: str | None = None  # as ORLConfig
+    rollout_sampler: str = "auto"     # as ORLConfig
+    max_prompt_tokens: int = 1024     # as ORLConfig
+
+
+def rft_from_orl(orl: ORLConfig, init: str, out: str) -> RFTConfig:
+    """RFT at the compute of the ORL run ``orl``: its task and options, prompts (the same stream, steps x
+    prompts_per_step, the same seeds), G rollouts per prompt with its decoder and sampling, its optimizer
+    steps and LR schedule (lr, warm-up, decay, weight decay, clipping), evaluation, checkpoint cadence,
+    device and reward-error policy; from ``init``, the SFT base the ORL start model was converted from
+    (RFT trains no pathway, so it needs no rescaled start), writing ``out``. What only ORL has (its loss,
+    replay, selection and rollout-engine fields) is left behind."""
+    return RFTConfig(init=init, task=orl.task, task_kwargs=copy.deepcopy(orl.task_kwargs), chat=orl.chat,
+                     steps=orl.steps, prompts_per_step=orl.prompts_per_step, group_size=orl.group_size, lr=orl.lr,
+                     warmup=orl.warmup, lr_schedule=orl.lr_schedule, lr_final=orl.lr_final,
+                     weight_decay=orl.weight_decay, grad_clip=orl.grad_clip, weighting="flat",
+                     decode=copy.deepcopy(orl.decode), eval_every=orl.eval_every, eval_n=orl.eval_n,
+                     eval_decode=copy.deepcopy(orl.eval_decode), seed=orl.seed, prompt_seed=orl.prompt_seed,
+                     rollout_engine=orl.rollout_engine, rollout_dtype=orl.rollout_dtype,
+                     rollout_sampler=orl.rollout_sampler, max_prompt_tokens=orl.max_prompt_tokens,
+                     device=orl.device, out=out, save_every=orl.save_every, reward_errors=orl.reward_errors)
 
 
 def verified_pairs(rolls, eos: int, K: int) -> list[tuple[list[int], list[int]]]:
@@ -73,17 +99,20 @@ def verified_pairs(rolls, eos: int, K: int) -> list[tuple[list[int], list[int]]]
 
 
 def train_rft(cfg: RFTConfig, resume: bool = True, stop_after: int | None = None, quiet: bool = False,
-              task=None, resume_from: str | None = None, allow_config_change: bool = False) -> str:
+              task=None, resume_from: str | None = None, allow_config_change: bool = False,
+              loggers: tuple[str, ...] = ("tensorboard",)) -> str:
     """Run (or resume) RFT; returns the final model directory (``out/final``). ``resume_from``,
-    ``allow_config_change``: as `orl.train.sft.train_sft`."""
+    ``allow_config_change``, ``loggers``: as `orl.train.sft.train_sft`."""
     if not cfg.init or not os.path.exists(os.path.join(cfg.init, "config.json")):
         raise FileNotFoundError(f"RFT start model {cfg.init!r} not found; train a base with `orl sft` first")
+    from .loggers import write_resolved_config  # noqa: PLC0415
     with open_run(cfg.out, "rft", cfg, cfg.steps, resume=resume, resume_from=resume_from,
                   allow_config_change=allow_config_change) as run:
-        return _rft_loop(cfg, run, stop_after, quiet, task)
+        write_resolved_config(cfg.out, "rft", cfg)
+        return _rft_loop(cfg, run, stop_after, quiet, task, loggers)
 
 
-def _rft_loop(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task) -> str:
+def _rft_loop(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task, loggers) -> str:
     from ..tokenizer import load_tokenizer  # noqa: PLC0415
 
     from ..eval.pool import VerifierPool, check_reward_errors  # noqa: PLC0415
@@ -96,13 +125,15 @@ def _rft_loop(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, 
     tok = load_tokenizer(cfg.init)
     # forked before the model loads (orl.eval.pool.VerifierPool.start); ORL's verification path
     with VerifierPool(task, workers=min(cfg.group_size, os.cpu_count() or 1)).start() as verifier:
-        return _rft_steps(cfg, run, stop_after, quiet, task, pool, tok, verifier)
+        return _rft_steps(cfg, run, stop_after, quiet, task, pool, tok, verifier, loggers)
 
 
-def _rft_steps(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task, pool, tok, verifier) -> str:
+def _rft_steps(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task, pool, tok, verifier,
+               loggers) -> str:
     from tqdm import tqdm  # noqa: PLC0415
 
     from ..eval.heldout import evaluate  # noqa: PLC0415
+    from .loggers import open_loggers  # noqa: PLC0415
 
     model = load_pretrained(cfg.init, device=cfg.device)
     mc = model.config
@@ -113,17 +144,40 @@ def _rft_steps(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool,
                             weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     step = run.load(model, opt)["step"]
     K = cfg.decode.block_size
+    log = open_loggers(loggers, cfg.out, "rft", cfg, step, metrics=("rft/reward", "rft/tpf", "rft/eval_accuracy"))
+    try:
+        step = _rft_iterations(cfg, run, stop_after, quiet, task, pool, tok, verifier, model, opt, step, K, log)
+    finally:
+        log.close()
+    final = os.path.join(cfg.out, "final")
+    if step >= cfg.steps:
+        save_pretrained(model, final, tokenizer=tok)
+    return final
+
+
+def _rft_iterations(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool, task, pool, tok, verifier,
+                    model, opt, step: int, K: int, log) -> int:
+    """The iterations from ``step`` to the end (or ``stop_after``); returns the step reached."""
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from ..eval.heldout import evaluate  # noqa: PLC0415
+    mc = model.config
+    runtime = _rollout_runtime(cfg, model, cfg.device)   # ORL's rollout engine (None: the reference decoder)
     bar = tqdm(total=cfg.steps, initial=step, desc="rft", disable=quiet, dynamic_ncols=True)
     while step < cfg.steps:
         for g_ in opt.param_groups:
             g_["lr"] = cfg.lr * lr_factor(step, cfg)
         # ---- 1. rollouts with the current weights: the prompts, generators and seeds of ORL's step
         model.eval()
+        if runtime is not None:
+            runtime.load_weights(model)
         rolls = []
         for i in range(step * cfg.prompts_per_step, (step + 1) * cfg.prompts_per_step):
-            prob = task.sample("train", i) if pool is None else pool[i % len(pool)]
+            j = i + PROMPT_STRIDE * cfg.prompt_seed   # as ORL's `_rollouts`
+            prob = task.sample("train", j) if pool is None else pool[j % len(pool)]
             g = torch.Generator().manual_seed(cfg.seed * 7_919 + i)
             rolls += rollout_group(model, tok, task, prob, cfg.group_size, cfg.decode, generator=g, topk=0,
+                                   runtime=runtime,
                                    chat=cfg.chat, seed=(cfg.seed * 7_919 + i) * cfg.group_size,
                                    verifier=verifier, reward_errors=cfg.reward_errors)
         # ---- 2. verify, 3. one SFT step on the verified (prompt, response) pairs
@@ -158,6 +212,7 @@ def _rft_steps(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool,
             m.update({f"eval_{k}": v for k, v in ev.items() if k in ("accuracy", "tpf", "tpf_no_commit",
                                                                       "steps_per_block", "n_errors")})
         run.log({"step": step, **m})  # one record per step: the log was cut back to the resumed step
+        log.log("rft", m, step)
         bar.update(1)
         bar.set_postfix(reward=f"{m['reward']:.2f}", tpf=f"{m['tpf']:.2f}", loss=f"{m.get('loss', 0):.3f}",
                         verify_err=m["reward_errors"])
@@ -166,7 +221,4 @@ def _rft_steps(cfg: RFTConfig, run: RunDir, stop_after: int | None, quiet: bool,
         if stop_after is not None and step >= stop_after:
             break
     bar.close()
-    final = os.path.join(cfg.out, "final")
-    if step >= cfg.steps:
-        save_pretrained(model, final, tokenizer=tok)
-    return final
+    return step

@@ -12,10 +12,12 @@ number), and a warning when the last one is near chance: ORL learns only from ve
 Batch contents and corruption are functions of (seed, step) only, so a resumed run reproduces
 an uninterrupted one bit for bit on CPU; the held-out check draws no training randomness (its decode
 runs under a forked RNG) and changes no weight.
+`more_sft_from` derives the "more SFT" baseline's config from an ORL run's.
 Does not own: the loss and corruption (`orl.train.noise`), checkpoint files (`orl.train.checkpoint`).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -28,6 +30,7 @@ import torch
 from ..model import build_model, get_config, load_pretrained, save_pretrained
 from ..model.convert import ensure_pathway
 from .checkpoint import RunDir, open_run
+from .loop import ORLConfig
 from .noise import make_batch, sft_loss
 
 
@@ -65,6 +68,8 @@ class SFTConfig:
     save_every: int = 500
     log_every: int = 20
     threads: int | None = None
+    precision: str = "fp32"                           # "bf16": forwards and backward under bf16 autocast (weights and
+                                                      # AdamW state stay float32), as ORLConfig.precision; "fp32": all float32
     eval_n: int = 32                                  # held-out problems of the bar's task accuracy (0: none)
     eval_every: int = 0                               # ... also every this many steps (0: each stage's end only)
 
@@ -87,6 +92,28 @@ def lr_at(stage: SFTStage, i: int) -> float:
         return stage.lr * (i + 1) / stage.warmup
     frac = (i - stage.warmup) / max(stage.steps - stage.warmup, 1)
     return stage.lr * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def more_sft_from(orl: ORLConfig, sft: SFTConfig, init: str, out: str) -> SFTConfig:
+    """The "more SFT" baseline at the compute of the ORL run ``orl``: ``sft`` (the SFT that made the
+    base: its batch, tokenizer, loss weighting, self-conditioning) continued from ``init``, the base,
+    for ORL's number of optimizer steps, in one stage at the LR that SFT ended with (its last stage's
+    lr x min_lr_ratio), constant after ORL's warm-up; on ORL's task and prompt format, on a fresh part
+    of the train stream where the task takes a ``seed`` option (its seed + 1; held-out problems stay
+    out of every seed's train stream), else on the stream the base saw. Checkpoints at ORL's cadence,
+    on ORL's device; writes ``out``. The one derivation (`orl train --method more_sft`, the suite's
+    ``more_sft_suite_*`` recipes, benchmarks/suite_runs.py)."""
+    from ..tasks.registry import task_parameter  # noqa: PLC0415
+    cfg, last = copy.deepcopy(sft), sft.stages[-1]
+    cfg.init, cfg.out, cfg.device, cfg.save_every = init, out, orl.device, orl.save_every
+    cfg.task, cfg.task_kwargs, cfg.chat = orl.task, copy.deepcopy(orl.task_kwargs), orl.chat
+    seed = task_parameter(cfg.task, "seed")
+    if seed is not None:
+        start = cfg.task_kwargs.get("seed", seed.default if isinstance(seed.default, int) else 0)
+        cfg.task_kwargs["seed"] = start + 1
+    cfg.stages = [SFTStage("more", steps=orl.steps, lr=last.lr * last.min_lr_ratio, selfcond=last.selfcond,
+                           warmup=orl.warmup, min_lr_ratio=1.0)]
+    return cfg
 
 
 def build_for(cfg: SFTConfig, tokenizer) -> torch.nn.Module:
@@ -231,7 +258,8 @@ def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool,
             batch = dataclasses.replace(batch, **{k: v.to(cfg.device) for k, v in vars(batch).items()
                                                   if isinstance(v, torch.Tensor)})
             rows = rows.to(cfg.device)
-        loss, m = sft_step(model, batch, mc.noise, rows, cfg.weighting)
+        with torch.autocast(torch.device(cfg.device).type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+            loss, m = sft_step(model, batch, mc.noise, rows, cfg.weighting)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -2,7 +2,8 @@
 
 Owns the options the training commands share (`add_resume_args`, `add_task_args`, `add_logger_arg`)
 and how they become a config before any work starts (`configure`): the recipe (of the command's
-kind: an ORL recipe given to ``orl sft`` is an error naming ``orl train``), ``--task`` (the recipe's
+kind: an ORL recipe given to ``orl sft`` is an error naming ``orl train``; or derived from a recipe of
+another kind: ``orl train --method rft`` from an ORL recipe), ``--task`` (the recipe's
 task options are dropped with the recipe's task: options come only from the user), every ``--set``
 checked (`orl.recipes.validate`), the device checked against this torch, the task built once (an
 import error or a bad option surfaces here, not after a stage).
@@ -73,24 +74,34 @@ def check_verifier(task: str, a: argparse.Namespace) -> None:
                          "verifier")
 
 
-def configure(kind: type, a: argparse.Namespace, fields: tuple[str, ...] = ("out",), **recipe_kwargs):
+def configure(kind: type, a: argparse.Namespace, fields: tuple[str, ...] = ("out",), derive: dict | None = None,
+              **recipe_kwargs):
     """The config of recipe ``a.recipe`` (a ``kind`` recipe), with the command's options, its --task and
     every --set applied and validated, the device checked and the task built once: every error a
     user can make in the options surfaces here, before a step runs. ``fields``: options that set
-    the config field of the same name when given (``--out``, ``--init``)."""
+    the config field of the same name when given (``--out``, ``--init``). ``derive``: {config type:
+    function(config) -> a ``kind`` config}: recipes of those types are taken too and turned into a
+    ``kind`` config (``orl train --method rft`` given an ORL recipe); --task and --task-kw go to the
+    recipe's config before the derivation (which may depend on the task), --set to the derived one,
+    so a --set key must be a field of the config that runs."""
     from ..cli import check_device  # noqa: PLC0415
     from ..recipes import apply_overrides, get_recipe  # noqa: PLC0415
     from ..recipes.overrides import split_set  # noqa: PLC0415
-    cfg = get_recipe(a.recipe, kind=kind, **recipe_kwargs)
-    for k in fields:
-        if getattr(a, k, None):
-            setattr(cfg, k, getattr(a, k))
+    derive = derive or {}
+    cfg = get_recipe(a.recipe, kind=(kind, *derive), **recipe_kwargs)
     sets = list(a.set)
     task = a.task or next((raw.strip() for key, raw in map(split_set, reversed(sets)) if key == "task"), None)
     if task and task != cfg.task:  # the recipe's task options belong to the recipe's task, not this one
         cfg.task, cfg.task_kwargs = task, {}
     check_verifier(cfg.task, a)
-    apply_overrides(cfg, sets + task_sets(a))
+    if type(cfg) in derive and not isinstance(cfg, kind):
+        cfg = derive[type(cfg)](apply_overrides(cfg, task_sets(a)))
+    else:
+        for k in fields:
+            if getattr(a, k, None):
+                setattr(cfg, k, getattr(a, k))
+        sets += task_sets(a)
+    apply_overrides(cfg, sets)
     check_device(cfg.device, "--set device")
     build_task(cfg.task, cfg.task_kwargs)
     return cfg
