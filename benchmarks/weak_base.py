@@ -36,10 +36,20 @@ VARIANTS: dict[str, list[str]] = {
     "no_aec": ["loss.lambda_aec=0"],                             # - AEC
     "frozen_pathway": ["pathway_lr=0"],                          # no pathway update
     "lr_div10": ["lr=5e-6"],                                     # a 10x smaller LR
-    "anchor_all": ["loss.kl_gate_tau=1.0"],                     # the anchor at every unresolved position
-    "no_anchor": ["loss.anchor=none"],                           # - anchor
-    "no_gate": ["loss.gate=none"],                               # CE at every unresolved position
-    "guard": ["guard_every=10", "guard_n=128", "guard_drop=0.05"],  # the held-out accuracy guard
+    "prompts_x4": ["prompts_per_step=32"],                       # 4x the prompts (and verified responses) per step
+    "floor32": ["min_verified=32"],                              # the fix: a verified-batch floor of 32 responses
+    "guard": ["guard_every=10"],                                 # the safeguard: the held-out accuracy guard
+    "floor32_guard": ["min_verified=32", "guard_every=10"],      # both (the recipe's new defaults, at this run length)
+}
+# the first 10 steps at the recipe's peak LR (constant schedule), where the collapse happens: one change each
+FIRST10_SETS = ["steps=10", "lr_schedule=constant", "eval_every=5", "eval_n=200", "save_every=100"]
+FIRST10: dict[str, list[str]] = {
+    "recipe": [], "no_anchor": ["loss.anchor=none"], "anchor_all": ["loss.kl_gate_tau=1.0"],
+    "anchor_x10": ["loss.lambda_kl=3"], "no_gate": ["loss.gate=none"], "ce_only": ["loss.lambda_aec=0", "loss.anchor=none"],
+    "no_aec": ["loss.lambda_aec=0"], "frozen_pathway": ["pathway_lr=0"], "lr_div10": ["lr=5e-6"],
+    "warmup50": ["warmup=50"], "group_x4": ["group_size=32"], "prompts_x4": ["prompts_per_step=32"],
+    "floor16": ["min_verified=16"], "floor32": ["min_verified=32"],
+    "floor32_lr_only": ["min_verified=32", "max_rollout_rounds=1"],
 }
 
 
@@ -86,8 +96,10 @@ def _curve(run: str) -> dict:
             "reward_last5": sum(r["reward"] for r in rows[-5:]) / len(rows[-5:]),
             "tpf_first": rows[0]["tpf"], "tpf_last5": sum(r["tpf"] for r in rows[-5:]) / len(rows[-5:]),
             "no_verified_share": rows[-1]["run"]["no_verified_share"],
-            "eval": {r["step"]: (r["eval_accuracy"], r["eval_tpf"]) for r in rows if "eval_accuracy" in r},
-            "guard": {r["step"]: (r["guard_accuracy"], r["guard_ok"]) for r in rows if "guard_accuracy" in r},
+            "verified_mean": sum(r["verified"] for r in rows) / len(rows),
+            "reward_mean": sum(r["reward"] for r in rows) / len(rows),
+            "eval": {str(r["step"]): (r["eval_accuracy"], r["eval_tpf"]) for r in rows if "eval_accuracy" in r},
+            "guard": {str(r["step"]): (r["guard_accuracy"], r["guard_ok"]) for r in rows if "guard_accuracy" in r},
             **{k: mean(k) for k in ("gate_frac", "loss_pred", "loss_aec", "loss_anchor", "ce_gated", "ce_ungated",
                                     "argmax_wrong", "kl_unresolved", "kl_anchored", "kl_free", "anchor_frac",
                                     "aec_active", "entropy_unresolved", "update_pathway", "update_model",
@@ -96,10 +108,23 @@ def _curve(run: str) -> dict:
                                                        "argmax_wrong", "entropy_unresolved")}}
 
 
+def _orl(a, res: dict, key: str, d: str, sets: list[str], start: str) -> dict:
+    """One ORL run from the start model (skipped when ``res`` holds it with the same overrides)."""
+    if key in res and res[key].get("sets") == sets:
+        return res[key]
+    t = _cli(["train", "--recipe", "orl_suite_chain", "--task", TASK, "--init", start, "--out", d, "--quiet",
+              "--no-resume", *sum((["--set", x] for x in sets), [])], d + ".log", a.threads)
+    res[key] = {"sets": sets, "seconds": t, **_score(os.path.join(d, "final"), a.n_eval, a.device), **_curve(d)}
+    return res[key]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="/tmp/weak_base")
-    ap.add_argument("--steps", type=int, default=40, help="optimizer steps of every ORL run and of more SFT")
+    ap.add_argument("--table", choices=("main", "first10"), default="main",
+                    help="main: --steps steps of the recipe's schedule, each variant and more SFT; first10: the first "
+                         "10 steps at the recipe's peak LR, one change each (FIRST10)")
+    ap.add_argument("--steps", type=int, default=40, help="optimizer steps of every ORL run and of more SFT (main)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", help="comma-separated variants (default: all, then more_sft)")
@@ -121,7 +146,7 @@ def main() -> int:
         if not os.path.exists(os.path.join(d, "final", "config.json")):
             extra = [f"init={prev}"] if prev else []
             t = _cli(["sft", "--recipe", "suite_sft_chain", "--task", TASK, "--out", d, "--quiet",
-                      *sum((["--set", s] for s in sets + extra + dev), [])], d + ".log", a.threads)
+                      *sum((["--set", x] for x in sets + extra + dev), [])], d + ".log", a.threads)
             res.setdefault("seconds", {})[f"sft{i}"] = t
         prev = os.path.join(d, "final")
     base, start = prev, os.path.join(a.out, "start")
@@ -130,34 +155,45 @@ def main() -> int:
     if "base" not in res:
         res["base"] = _score(base, a.n_eval, a.device)
         save()
-    print("base", res["base"], flush=True)
+    b = res["base"]
+    print(f"weak base: held-out {100 * b['accuracy']:.1f} %, TPF {b['tpf']:.2f}", flush=True)
+    off = ["min_verified=0", "guard_every=0"]   # the recipe without this issue's defaults, as the outside check ran it
+
+    if a.table == "first10":
+        tab = res.setdefault("first10", {})
+        for name in (a.only.split(",") if a.only else FIRST10):
+            r = _orl(a, tab, name, os.path.join(a.out, "first10", name),
+                     [*FIRST10_SETS, f"seed={a.seed}", *off, *FIRST10[name], *dev], start)
+            save()
+            print(name, {k: r[k] for k in ("accuracy", "eval")}, flush=True)
+        print(f"\nfirst 10 ORL steps at the peak LR (5e-5 after a 5-step warm-up, constant), one change each; "
+              f"held-out accuracy of {a.n_eval} problems (base {100 * b['accuracy']:.1f} %)\n")
+        print("| variant | held-out acc % after 5 / 10 steps | verified responses / step | rollout reward steps 1-10 |")
+        print("|---|---|---|---|")
+        for name, r in tab.items():
+            ev = r["eval"]
+            print(f"| {name} ({' '.join(FIRST10[name]) or 'the recipe'}) | {100 * ev['5'][0]:.1f} / {100 * ev['10'][0]:.1f}"
+                  f" | {r['verified_mean']:.1f} | {r['reward_mean']:.2f} |")
+        return 0
 
     # 2. ORL variants from the same start, 3. more SFT for as many optimizer steps
-    names = a.only.split(",") if a.only else [*VARIANTS, "more_sft"]
-    for name in names:
+    for name in (a.only.split(",") if a.only else [*VARIANTS, "more_sft"]):
         d = os.path.join(a.out, name)
-        if name in res and res[name].get("steps") == a.steps:
-            print(name, "done", flush=True)
-            continue
         if name == "more_sft":
-            t = _cli(["sft", "--recipe", "more_sft_suite_chain", "--task", TASK, "--task-kw", "seed=1", "--out", d,
-                      "--quiet", "--set", f"init={base}", "--set", f"stages.0.steps={a.steps}",
-                      *sum((["--set", s] for s in dev), [])], d + ".log", a.threads)
-            res[name] = {"steps": a.steps, "seconds": t, **_score(os.path.join(d, "final"), a.n_eval, a.device)}
+            if res.get(name, {}).get("steps") != a.steps:
+                t = _cli(["sft", "--recipe", "more_sft_suite_chain", "--task", TASK, "--task-kw", "seed=1", "--out", d,
+                          "--quiet", "--no-resume", "--set", f"init={base}", "--set", f"stages.0.steps={a.steps}",
+                          *sum((["--set", x] for x in dev), [])], d + ".log", a.threads)
+                res[name] = {"steps": a.steps, "seconds": t, **_score(os.path.join(d, "final"), a.n_eval, a.device)}
         else:
-            sets = [f"steps={a.steps}", f"seed={a.seed}", *ORL_SETS, *VARIANTS[name], *dev]
-            t = _cli(["train", "--recipe", "orl_suite_chain", "--task", TASK, "--init", start, "--out", d, "--quiet",
-                      *sum((["--set", s] for s in sets), [])], d + ".log", a.threads)
-            res[name] = {"steps": a.steps, "seconds": t, "sets": VARIANTS[name],
-                         **_score(os.path.join(d, "final"), a.n_eval, a.device), **_curve(d)}
+            _orl(a, res, name, d, [f"steps={a.steps}", f"seed={a.seed}", *ORL_SETS, *off, *VARIANTS[name], *dev], start)
         save()
-        print(name, {k: v for k, v in res[name].items() if k not in ("eval", "guard")}, flush=True)
+        print(name, {k: v for k, v in res[name].items() if k not in ("eval", "guard", "sets")}, flush=True)
 
-    # the table
-    b = res["base"]
-    print(f"\n{a.steps} optimizer steps each, from the same start; held-out: {a.n_eval} problems, threshold 0.9\n")
-    print("| model | held-out acc % | TPF | reward step 1 -> min -> last 5 | steps w/o verified | "
-          "pathway update / step (first 5) | AEC loss | KL unresolved | anchor share | gate share |")
+    print(f"\n{a.steps} optimizer steps each from the same start (ORL: orl_suite_chain, LR 5e-5 decaying linearly to "
+          f"10 %); held-out: {a.n_eval} problems, threshold 0.9\n")
+    print("| model | held-out acc % | TPF | held-out acc % at steps 10 / 20 / 30 | reward step 1 -> min -> last 5 | "
+          "verified / step | pathway vs model update / step | AEC loss | KL unresolved | anchor share |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| weak base | {100 * b['accuracy']:.1f} | {b['tpf']:.2f} | | | | | | | |")
 
@@ -169,12 +205,13 @@ def main() -> int:
         if not r:
             continue
         if name == "more_sft":
-            print(f"| more SFT | {100 * r['accuracy']:.1f} | {r['tpf']:.2f} | | | | | | | |")
+            print(f"| more SFT ({a.steps} steps, batch 64) | {100 * r['accuracy']:.1f} | {r['tpf']:.2f} | | | | | | | |")
             continue
-        print(f"| {name} ({' '.join(r['sets']) or 'recipe'}) | {100 * r['accuracy']:.1f} | {r['tpf']:.2f} | "
-              f"{r['reward_first']:.2f} -> {r['reward_min']:.2f} -> {r['reward_last5']:.2f} | "
-              f"{100 * r['no_verified_share']:.0f} % | {f(r['update_pathway'], 4)} ({f(r['update_pathway_first5'], 4)}) | "
-              f"{f(r['loss_aec'], 4)} | {f(r['kl_unresolved'])} | {f(r['anchor_frac'], 2)} | {f(r['gate_frac'], 2)} |")
+        ev = " / ".join(f"{100 * r['eval'][k][0]:.1f}" if k in r["eval"] else "-" for k in ("10", "20", "30"))
+        print(f"| {name} ({' '.join(VARIANTS[name]) or 'recipe'}) | {100 * r['accuracy']:.1f} | {r['tpf']:.2f} | {ev} | "
+              f"{r['reward_first']:.2f} -> {r['reward_min']:.2f} -> {r['reward_last5']:.2f} | {r['verified_mean']:.1f} | "
+              f"{f(r['update_pathway'], 5)} vs {f(r['update_model'], 5)} | {f(r['loss_aec'], 4)} | "
+              f"{f(r['kl_unresolved'])} | {f(r['anchor_frac'], 2)} |")
     return 0
 
 

@@ -74,3 +74,59 @@ def test_verified_pairs_keep_only_rewarded_responses_padded_to_blocks():
     pairs = verified_pairs([roll(1.0, [5, 6, eos, eos], 3), roll(0.0, [7, eos, eos, eos], 2),
                             roll(1.0, [5, 6, 7, 8], 4)], eos, K=4)
     assert pairs == [([1, 2], [5, 6, eos, eos]), ([1, 2], [5, 6, 7, 8, eos, eos, eos, eos])]
+
+
+def test_rft_rolls_out_through_the_runtime_as_orl_does(tmp_path, monkeypatch):
+    """rollout_engine="runtime" (what "auto" picks on CUDA, as for ORL): every group goes through one captured
+    Runtime of G rows, reloaded with the trained weights each step; "reference": the reference decoder."""
+    import orl.train.rft as rft
+    from orl.engine.runtime import Runtime
+    start = _start(tmp_path)
+    seen, loads, real, real_load = [], [], rft.rollout_group, Runtime.load_weights
+
+    def spy(*a, **k):
+        seen.append(k.get("runtime"))
+        return real(*a, **k)
+
+    def spy_load(self, model):
+        loads.append(id(self))
+        return real_load(self, model)
+    monkeypatch.setattr(rft, "rollout_group", spy)
+    monkeypatch.setattr(Runtime, "load_weights", spy_load)
+    for eng in ("runtime", "reference"):
+        seen.clear()
+        cfg = _cfg(start, str(tmp_path / eng), steps=2)
+        cfg.rollout_engine = eng
+        train_rft(cfg, resume=False, quiet=True, task=CoinTask())
+        if eng == "runtime":
+            assert len(seen) == 4 and all(isinstance(r, Runtime) and r.B == 3 for r in seen)
+            assert len({id(r) for r in seen}) == 1 and len(loads) == 2     # one runtime, reloaded every step
+        else:
+            assert seen == [None] * 4
+        rows = [json.loads(x) for x in open(tmp_path / eng / "metrics.jsonl")]
+        assert len(rows) == 2 and all(0.0 <= r["reward"] <= 1.0 for r in rows)
+
+
+def test_prompt_seed_gives_each_seed_its_own_prompts(tmp_path):
+    """ORLConfig/RFTConfig.prompt_seed moves a run to another part of the train stream; 0 keeps the old one."""
+    from orl.train.loop import PROMPT_STRIDE, ORLConfig, _rollouts
+
+    class Recorder(CoinTask):
+        seen: list = []
+
+        def sample(self, split, index):
+            Recorder.seen.append(index)
+            return super().sample(split, index)
+
+    tok = build_char_tokenizer()
+    model = build_model(get_config("sdar", "tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                                   block_size=16), seed=5).eval()
+    dec = DecodeConfig(rule="threshold", block_size=16, max_new_tokens=16, threshold=0.9, temperature=1.0)
+    got = {}
+    for ps in (0, 2):
+        Recorder.seen = []
+        cfg = ORLConfig(prompt_seed=ps, group_size=2, decode=dec, loss=ORLConfig().loss)
+        _rollouts(cfg, model, tok, Recorder(), None, True, [3, 4], None, None)
+        got[ps] = list(Recorder.seen)
+    assert got[0] == [3, 4] and got[2] == [3 + 2 * PROMPT_STRIDE, 4 + 2 * PROMPT_STRIDE]
+    assert RFTConfig().prompt_seed == 0 and "prompt_seed" in RFTConfig.__dataclass_fields__

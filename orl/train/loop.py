@@ -707,6 +707,14 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
         step = tr.step_i
         no_update += "loss" not in m
         share = no_update / step
+        if cfg.guard_every and (step % cfg.guard_every == 0 or step == cfg.steps):  # before the eval: it scores what goes on
+            m.update(tr.guard_check())
+            if not m["guard_ok"] and rank == 0:
+                g = tr.guard
+                bar.write(f"guard: step {step} accuracy {100 * m['guard_accuracy']:.1f} % on {cfg.guard_n} problems is "
+                          f"more than {100 * cfg.guard_drop:.1f} points below {100 * g['ref']:.1f} %: restored the "
+                          f"weights of step {g['good_step']}" + (f", stopping after {g['trips']} trips" if g["stopped"]
+                                                                 else f", LR x {g['lr_scale']:g}"), file=sys.stderr)
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             em = tr.eval_model()  # every rank: unsharding is a collective; rank 0 evaluates
             if rank == 0:
@@ -718,14 +726,6 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
                                                                           "steps_per_block", "n_errors")})
                 if on_eval:
                     on_eval(step, ev)
-        if cfg.guard_every and (step % cfg.guard_every == 0 or step == cfg.steps):  # after the eval: it may restore
-            m.update(tr.guard_check())
-            if not m["guard_ok"] and rank == 0:
-                g = tr.guard
-                bar.write(f"guard: step {step} accuracy {100 * m['guard_accuracy']:.1f} % on {cfg.guard_n} problems is "
-                          f"more than {100 * cfg.guard_drop:.1f} points below {100 * g['ref']:.1f} %: restored the "
-                          f"weights of step {g['good_step']}" + (f", stopping after {g['trips']} trips" if g["stopped"]
-                                                                 else f", LR x {g['lr_scale']:g}"), file=sys.stderr)
         if rank == 0:  # one record per step: the log was cut back to the resumed step
             run_state = {"lr": lr, "no_verified_share": share, "steps_without_update": no_update}
             tr.run.log({"step": step, **m, "run": run_state})
