@@ -18,6 +18,7 @@ Does not own: the loss and corruption (`orl.train.noise`), checkpoint files (`or
 from __future__ import annotations
 
 import copy
+import contextlib
 import dataclasses
 import math
 import os
@@ -258,7 +259,8 @@ def _sft_loop(cfg: SFTConfig, run: RunDir, stop_after: int | None, quiet: bool,
             batch = dataclasses.replace(batch, **{k: v.to(cfg.device) for k, v in vars(batch).items()
                                                   if isinstance(v, torch.Tensor)})
             rows = rows.to(cfg.device)
-        with torch.autocast(torch.device(cfg.device).type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+        with (torch.autocast(torch.device(cfg.device).type, torch.bfloat16) if cfg.precision == "bf16"
+              else contextlib.nullcontext()):   # fp32: no autocast context at all (bit for bit the earlier numerics)
             loss, m = sft_step(model, batch, mc.noise, rows, cfg.weighting)
         opt.zero_grad(set_to_none=True)
         loss.backward()
