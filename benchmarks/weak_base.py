@@ -29,6 +29,8 @@ TASK = os.path.join(ROOT, "tests", "fixtures", "weak_family.py") + ":make_task"
 # the base: 400 SFT steps of the suite's chain recipe (block 32; 0 % held-out), then 200 more continuing from it
 # (21.0 %; 400 more instead reach 81 %: the family is learned between these points)
 SFT_SETS = [["stages.0.steps=300", "stages.1.steps=100"], ["stages.0.steps=150", "stages.1.steps=50"]]
+# the strong control: the first call of SFT_SETS, then 400 steps continuing it (81 % held-out)
+SFT_STRONG = ["stages.0.steps=300", "stages.1.steps=100"]
 ORL_SETS = ["eval_every=10", "eval_n=200", "save_every=10"]   # plus steps=N
 # variant -> ORL --set overrides (one change each, from the same start and seed)
 VARIANTS: dict[str, list[str]] = {
@@ -56,6 +58,7 @@ FIRST10: dict[str, list[str]] = {
 def _cli(args: list[str], log: str, threads: int) -> float:
     """Run ``orl ARGS`` (a child process, one thread); its output to ``log``. Returns seconds."""
     env = {**os.environ, "ORL_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    os.makedirs(os.path.dirname(log), exist_ok=True)
     t0 = time.time()
     with open(log, "w") as f:
         r = subprocess.run([sys.executable, "-m", "orl.cli", *args], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -121,9 +124,10 @@ def _orl(a, res: dict, key: str, d: str, sets: list[str], start: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="/tmp/weak_base")
-    ap.add_argument("--table", choices=("main", "first10"), default="main",
+    ap.add_argument("--table", choices=("main", "first10", "strong"), default="main",
                     help="main: --steps steps of the recipe's schedule, each variant and more SFT; first10: the first "
-                         "10 steps at the recipe's peak LR, one change each (FIRST10)")
+                         "10 steps at the recipe's peak LR, one change each (FIRST10); strong: from a strong base "
+                         "(SFT_STRONG), the recipe without and with the safeguards")
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps of every ORL run and of more SFT (main)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
@@ -159,6 +163,41 @@ def main() -> int:
     print(f"weak base: held-out {100 * b['accuracy']:.1f} %, TPF {b['tpf']:.2f}", flush=True)
     off = ["min_verified=0", "guard_every=0"]   # the recipe without this issue's defaults, as the outside check ran it
 
+    if a.table == "strong":  # the same family trained on to 81 %: do the safeguards change its run?
+        d = os.path.join(a.out, "sft_strong")
+        if not os.path.exists(os.path.join(d, "final", "config.json")):
+            _cli(["sft", "--recipe", "suite_sft_chain", "--task", TASK, "--out", d, "--quiet",
+                  *sum((["--set", x] for x in [*SFT_STRONG, f"init={a.out}/sft0/final", *dev]), [])], d + ".log",
+                 a.threads)
+        s_start = os.path.join(a.out, "start_strong")
+        if not os.path.exists(os.path.join(s_start, "config.json")):
+            _cli(["convert", "scrp", "--in", os.path.join(d, "final"), "--out", s_start, "--gamma", "8"],
+                 s_start + ".log", a.threads)
+        tab = res.setdefault("strong", {})
+        if "base" not in tab:
+            tab["base"] = _score(os.path.join(d, "final"), a.n_eval, a.device)
+        for name, extra in (("off", off), ("safeguards", ["min_verified=32", "guard_every=10"])):
+            _orl(a, tab, name, os.path.join(a.out, "strong", name),
+                 [f"steps={a.steps}", f"seed={a.seed}", *ORL_SETS, *extra, *dev], s_start)
+            save()
+        from orl.model.checkpoint import read_state_dict  # noqa: PLC0415
+        import torch  # noqa: PLC0415
+        w = [read_state_dict(os.path.join(a.out, "strong", n, "final")) for n in ("off", "safeguards")]
+        same = all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+        sb = tab["base"]
+        print(f"\nstrong base {100 * sb['accuracy']:.1f} % / TPF {sb['tpf']:.2f}; {a.steps} ORL steps\n")
+        print("| run | held-out acc % | TPF | verified / step (min) | steps with an extra round | guard checks failed |")
+        print("|---|---|---|---|---|---|")
+        for name in ("off", "safeguards"):
+            r = tab[name]
+            rows = [json.loads(x) for x in open(os.path.join(a.out, "strong", name, "metrics.jsonl"))]
+            extra = sum(x.get("rollout_rounds", 1) > 1 for x in rows)
+            failed = sum(1 for x in rows if x.get("guard_ok") == 0.0)
+            print(f"| {name} | {100 * r['accuracy']:.1f} | {r['tpf']:.2f} | {r['verified_mean']:.1f} "
+                  f"({min(x['verified'] for x in rows)}) | {extra} | {failed} |")
+        print(f"\nfinal weights bit-for-bit equal: {same}")
+        return 0
+
     if a.table == "first10":
         tab = res.setdefault("first10", {})
         for name in (a.only.split(",") if a.only else FIRST10):
@@ -170,8 +209,8 @@ def main() -> int:
               f"held-out accuracy of {a.n_eval} problems (base {100 * b['accuracy']:.1f} %)\n")
         print("| variant | held-out acc % after 5 / 10 steps | verified responses / step | rollout reward steps 1-10 |")
         print("|---|---|---|---|")
-        for name, r in tab.items():
-            ev = r["eval"]
+        for name in [n for n in FIRST10 if n in tab]:
+            r, ev = tab[name], tab[name]["eval"]
             print(f"| {name} ({' '.join(FIRST10[name]) or 'the recipe'}) | {100 * ev['5'][0]:.1f} / {100 * ev['10'][0]:.1f}"
                   f" | {r['verified_mean']:.1f} | {r['reward_mean']:.2f} |")
         return 0

@@ -7,6 +7,8 @@
                         "- residual pathway" row removes the pathway, see orl_arith_no_pathway)
   orl_arith_no_pathway  decode and train without the residual input
   orl_arith_offpolicy   rollouts from a policy refreshed only every 10 steps (stale)
+Every recipe here keeps the weak-base safeguards of docs/method.md 3.10 on (the verified-batch floor and the
+held-out accuracy guard), except the smoke recipe.
 """
 from orl.decode import DecodeConfig
 from orl.train.loop import ORLConfig
@@ -25,7 +27,11 @@ def orl_arith(init: str = "runs/demo/start", out: str = "runs/orl-arith") -> ORL
         # within a point of the base; sweeps in benchmarks/RESULTS.md)
         decode=DecodeConfig(rule="threshold", block_size=16, max_new_tokens=48, threshold=0.9, temperature=0.3),
         eval_decode=DecodeConfig(rule="threshold", block_size=16, max_new_tokens=48, threshold=0.9),
-        eval_every=50, eval_n=200, out=out, save_every=50)
+        eval_every=50, eval_n=200, out=out, save_every=50,
+        # a weak base (docs/method.md 3.10, benchmarks/RESULTS.md issue 30): a step with fewer than 32 verified
+        # responses rolls out more prompts (up to 4 rounds), and a held-out guard restores the last good weights
+        # if accuracy falls 5 points below the start's; a base verifying 32 of 64 rollouts never meets the floor
+        min_verified=32, max_rollout_rounds=4, guard_every=50, guard_n=128, guard_drop=0.05)
 
 
 def orl_arith_no_aec(init: str = "runs/demo/start", out: str = "runs/orl-arith-no-aec") -> ORLConfig:
@@ -58,4 +64,5 @@ def orl_arith_smoke(init: str = "runs/demo/start", out: str = "runs/orl-smoke") 
     cfg = orl_arith(init, out)
     cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.save_every = 3, 2, 3, 2
     cfg.eval_every, cfg.eval_n = 0, 8
+    cfg.min_verified, cfg.guard_every = 0, 0   # 6 rollouts a step: the floor would always act; no guard decode
     return cfg

@@ -7,6 +7,11 @@ ends in the same state as an uninterrupted one (tested). Under ``torchrun`` each
 slice of the prompts with a full copy of the weights, the trained model is sharded with FSDP2,
 losses are normalised over the global number of responses and gradients summed across ranks
 (`orl.train.distributed`); checkpoints go through DCP and resume on any number of ranks.
+Two safeguards for a weak base (docs/method.md 3.10): a verified-batch floor (``min_verified``: more
+rounds of fresh prompts with the same weights until the step holds that many verified responses, else
+a proportionally smaller step) and a held-out accuracy guard (``guard_every``: restore the last good
+weights and optimizer state when accuracy falls ``guard_drop`` below the start's; its state is in
+the checkpoint). Each step also logs the relative update of the pathway and of the rest of the model.
 A step whose rollouts hold no verified one updates nothing: the bar shows its loss as ``-`` and
 ``no_verified``, the share of the run's steps so far without one (in ``metrics.jsonl`` under
 ``run.no_verified_share``, with ``run.lr``; the loggers get both), and a warning says so once that
@@ -95,17 +100,17 @@ class ORLConfig:
     replay_head: str = "all"          # "all": LM head over every replayed token, then the states' gathered (the
                                       # CPU recipes' numerics); "states": the head at the states' tokens only
                                       # ((S, K, V) logits instead of (B, T, V); equal up to float rounding)
-    # held-out accuracy guard (docs/method.md 3.9, our choice; 0 = off): every ``guard_every`` steps, decode
-    # ``guard_n`` problems the run never trains on with the eval decoder; an accuracy more than ``guard_drop``
-    # (absolute) below the start model's restores the last weights that passed, with their AdamW state, and
-    # multiplies the LR by ``guard_lr_factor``; after ``guard_max_trips`` trips the run stops. The run's last
-    # weights are checked too, so the final model is never one that failed the guard.
     pathway_lr: float = 1.0           # LR multiplier of the residual pathway's parameters (0: frozen; 3.3.4)
-    # verified-batch floor (docs/method.md 3.9, our choice; 0 = off): a step whose rollouts hold fewer than
+    # verified-batch floor (docs/method.md 3.10, our choice; 0 = off): a step whose rollouts hold fewer than
     # ``min_verified`` verified responses rolls out ``prompts_per_step`` more prompts with the same weights, up to
     # ``max_rollout_rounds`` rounds in all; still short, it updates with its LR x (verified / min_verified)
     min_verified: int = 0
     max_rollout_rounds: int = 4
+    # held-out accuracy guard (docs/method.md 3.10, our choice; 0 = off): every ``guard_every`` steps, decode
+    # ``guard_n`` problems the run never trains on with the eval decoder; an accuracy more than ``guard_drop``
+    # (absolute) below the start model's restores the last weights that passed, with their AdamW state, and
+    # multiplies the LR by ``guard_lr_factor``; after ``guard_max_trips`` trips the run stops. The run's last
+    # weights are checked too, so the final model is never one that failed the guard.
     guard_every: int = 0
     guard_n: int = 128
     guard_drop: float = 0.05
@@ -323,7 +328,7 @@ class ORLTrainer:
             runtime.load_weights(policy)
         # ---- 1. on-policy rollouts with capture (this rank's slice of the prompts); with ``min_verified``, further
         # rounds of fresh prompts with the same weights (still on-policy) until the step holds that many verified
-        # responses or ``max_rollout_rounds`` rounds ran (docs/method.md 3.9)
+        # responses or ``max_rollout_rounds`` rounds ran (docs/method.md 3.10)
         rolls, rounds = [], 0
         while True:
             mine = [i for j, i in enumerate(_round_ids(step, rounds, cfg)) if j % self.world == self.rank]
@@ -361,7 +366,7 @@ class ORLTrainer:
                 dist.all_reduce(t)
                 m.update(zip(_REDUCED, t.tolist()))
         t2 = self._sync()
-        if cfg.min_verified:  # a batch still below the floor takes a step in proportion to its size (3.9)
+        if cfg.min_verified:  # a batch still below the floor takes a step in proportion to its size (3.10)
             m.update(rollout_rounds=rounds, verified_lr_scale=min(1.0, n_global / cfg.min_verified))
             for g_ in opt.param_groups:
                 g_["lr"] *= m["verified_lr_scale"]
@@ -430,7 +435,7 @@ class ORLTrainer:
             D.idle_pass(model, self.device)
         return n_tok
 
-    # ---- the held-out accuracy guard (docs/method.md 3.9)
+    # ---- the held-out accuracy guard (docs/method.md 3.10)
 
     def _guard_init(self, st: dict) -> None:
         """The guard's state: from the checkpoint, or (a fresh run) the start model's accuracy on the
@@ -477,7 +482,9 @@ class ORLTrainer:
         model = self.eval_model()
         was = model.training
         model.eval()
-        with torch.random.fork_rng(devices=[torch.device(self.device)] if str(self.device).startswith("cuda") else []):
+        cuda = str(self.device).startswith("cuda")
+        with torch.random.fork_rng(devices=[torch.device(self.device).index or torch.cuda.current_device()] if cuda
+                                   else []):
             ev = evaluate(model, self.tok, self.task, self._guard_set,
                           cfg.eval_decode or dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat,
                           reward_errors=cfg.reward_errors, verifier=self.verifier)
@@ -605,7 +612,8 @@ def _check(cfg: ORLConfig) -> None:
         raise ValueError(f"min_verified must be >= 0 (0: off) and max_rollout_rounds >= 1, got {cfg.min_verified}, "
                          f"{cfg.max_rollout_rounds}")
     if cfg.guard_every < 0 or (cfg.guard_every and cfg.guard_n < 1):
-        raise ValueError(f"guard_every must be >= 0 (0: no guard) and guard_n >= 1, got {cfg.guard_every}, {cfg.guard_n}")
+        raise ValueError(f"guard_every must be >= 0 (0: no guard) and guard_n >= 1, got {cfg.guard_every}, "
+                         f"{cfg.guard_n}")
     if cfg.guard_ref not in ("start", "best"):
         raise ValueError(f"guard_ref must be 'start' or 'best', got {cfg.guard_ref!r}")
     if not 0 < cfg.guard_lr_factor <= 1:
@@ -707,7 +715,8 @@ def _orl_loop(tr: ORLTrainer, cfg: ORLConfig, stop_after: int | None, quiet: boo
         step = tr.step_i
         no_update += "loss" not in m
         share = no_update / step
-        if cfg.guard_every and (step % cfg.guard_every == 0 or step == cfg.steps):  # before the eval: it scores what goes on
+        # the guard before the eval, so the eval scores the weights that go on
+        if cfg.guard_every and (step % cfg.guard_every == 0 or step == cfg.steps):
             m.update(tr.guard_check())
             if not m["guard_ok"] and rank == 0:
                 g = tr.guard
