@@ -80,6 +80,7 @@ if [ ! -f "$RUNS/$FAMILY/more_sft/final/config.json" ]; then
     --sweep-only rft,more_sft >> "$RUNS/stage2_baselines.log" 2>&1 & pids+=($!)
 fi
 ABL_SEEDS=${ABL_SEEDS:-0,1}
+ABLATIONS=${ABLATIONS:-}
 for ab in ${ABLATIONS//,/ }; do   # side by side with stage 2 (the GPU is far from full with one model)
   last=${ABL_SEEDS##*,}
   if [ ! -f "$RUNS/$FAMILY/${ab}_s$last/final/config.json" ]; then

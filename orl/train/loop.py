@@ -38,6 +38,8 @@ from ..decode.tpf import summary as tpf_summary
 from ..model import load_pretrained, save_pretrained
 from . import distributed as D
 from .checkpoint import open_run
+from .diagnostics import _is_pathway, _params_before, _supervision_shares, _update_sizes
+from .guard import GuardMixin
 from .losses import LossConfig, orl_loss
 from .pack import pack, select_states
 from .rollout import rollout_group
@@ -205,7 +207,7 @@ def _rollout_runtime(cfg: ORLConfig, policy, device: str):
                    max_len=min(n, policy.config.max_position), sampler=cfg.rollout_sampler)
 
 
-class ORLTrainer:
+class ORLTrainer(GuardMixin):
     """One ORL run's state and its step: ``ORLTrainer(cfg).step()`` runs one iteration (rollouts ->
     verify -> select + pack -> one update) and returns its metrics, with the time split
     (``t_rollout``, ``t_replay``, ``t_optim`` seconds). `train_orl` is the loop around it; a
@@ -435,86 +437,6 @@ class ORLTrainer:
             D.idle_pass(model, self.device)
         return n_tok
 
-    # ---- the held-out accuracy guard (docs/method.md 3.10)
-
-    def _guard_init(self, st: dict) -> None:
-        """The guard's state: from the checkpoint, or (a fresh run) the start model's accuracy on the
-        guard's problems and a copy of its weights and AdamW state as the last weights that passed."""
-        self.guard = {"ref": None, "start": None, "good_step": 0, "good_acc": None, "trips": 0, "lr_scale": 1.0,
-                      "stopped": False}
-        self._good, self._good_is_current = None, False
-        if not self.cfg.guard_every:
-            return
-        if self.world > 1:
-            raise ValueError("guard_every > 0 needs one process (its copy of the last good weights is not sharded); "
-                             "run without torchrun or set guard_every=0")
-        saved = st.get("guard")
-        if saved is None:  # a fresh run (or a guard switched on at a resume): the reference is these weights
-            acc = self.guard_accuracy()
-            self.guard.update(ref=acc, start=acc, good_step=self.step_i, good_acc=acc)
-            self._good = self._snapshot()
-            return
-        good = saved.pop("good")
-        self.guard.update(saved)
-        self._good = self._snapshot() if good == "current" else good
-        self._good_is_current = good == "current"
-
-    def _snapshot(self) -> tuple[dict, dict]:
-        self._good_is_current = True
-        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                copy.deepcopy(self.opt.state_dict()))
-
-    def guard_problems(self) -> list:
-        """The guard's problems: ``guard_n`` of the train stream far beyond any index a run samples
-        (`GUARD_OFFSET`), so never trained on and never the task's held-out split; a task without
-        ``sample``: the last ``guard_n`` of its held-out split (keep ``eval_n`` below the rest)."""
-        if self.train_problems:
-            return [self.task.sample("train", GUARD_OFFSET + j) for j in range(self.cfg.guard_n)]
-        return self.task.problems("test")[-self.cfg.guard_n:]
-
-    def guard_accuracy(self) -> float:
-        """This step's weights' accuracy on the guard's problems, decoded with the eval decoder (greedy
-        unless ``eval_decode`` says otherwise), under a forked RNG: the run's randomness is untouched."""
-        from ..eval.heldout import evaluate  # noqa: PLC0415
-        cfg = self.cfg
-        if not hasattr(self, "_guard_set"):
-            self._guard_set = self.guard_problems()
-        model = self.eval_model()
-        was = model.training
-        model.eval()
-        cuda = str(self.device).startswith("cuda")
-        with torch.random.fork_rng(devices=[torch.device(self.device).index or torch.cuda.current_device()] if cuda
-                                   else []):
-            ev = evaluate(model, self.tok, self.task, self._guard_set,
-                          cfg.eval_decode or dataclasses.replace(cfg.decode, temperature=0.0), chat=cfg.chat,
-                          reward_errors=cfg.reward_errors, verifier=self.verifier)
-        model.train(was)
-        return float(ev["accuracy"])
-
-    def guard_check(self) -> dict:
-        """Evaluate the guard now (after this step's update). Passing (accuracy >= reference -
-        ``guard_drop``): these weights become the last good ones (with ``guard_ref="best"`` a new best
-        raises the reference). Failing: the last good weights and their AdamW state come back, the LR
-        scale is multiplied by ``guard_lr_factor``, and after ``guard_max_trips`` failures the run
-        stops (``self.guard["stopped"]``). Returns the metrics of the check."""
-        cfg, g = self.cfg, self.guard
-        acc = self.guard_accuracy()
-        ok = acc >= g["ref"] - cfg.guard_drop - 1e-12
-        if ok:
-            g.update(good_step=self.step_i, good_acc=acc)
-            if cfg.guard_ref == "best":
-                g["ref"] = max(g["ref"], acc)
-            self._good = self._snapshot()
-        else:
-            self.model.load_state_dict(self._good[0])
-            self.opt.load_state_dict(copy.deepcopy(self._good[1]))
-            self._good_is_current = True
-            g["trips"] += 1
-            g["lr_scale"] *= cfg.guard_lr_factor
-            g["stopped"] = g["trips"] >= cfg.guard_max_trips
-        return {"guard_accuracy": acc, "guard_ok": float(ok), "guard_trips": g["trips"],
-                "guard_lr_scale": g["lr_scale"], "guard_good_step": g["good_step"]}
-
     def save(self) -> None:
         """A checkpoint of this step (every rank calls it), with the stale policy's weights when they
         are not this step's (the off-policy ablation between two refreshes), and the guard's state
@@ -540,54 +462,6 @@ class ORLTrainer:
 # loss metrics averaged over every rank's responses (the others, e.g. entropy_contraction, stay this rank's)
 _REDUCED = ("loss", "loss_pred", "loss_aec", "loss_anchor", "ce_unresolved", "entropy_unresolved", "gate_frac",
             "anchor_frac")
-
-
-def _is_pathway(name: str) -> bool:
-    return name.startswith("residual_pathway.") or ".residual_pathway." in name
-
-
-def _sq(t: torch.Tensor) -> float:
-    """Sum of squares of a tensor (a DTensor shard's summed over ranks)."""
-    v = t.detach().float().pow(2).sum()
-    return float(v.full_tensor() if hasattr(v, "full_tensor") else v)
-
-
-def _params_before(model, max_params: int) -> dict:
-    """Copies of the parameters whose update the step logs: the residual pathway's always, the rest
-    when the model has at most ``max_params`` parameters."""
-    every = sum(p.numel() for p in model.parameters()) <= max_params
-    return {n: p.detach().clone() for n, p in model.named_parameters() if every or _is_pathway(n)}
-
-
-@torch.no_grad()
-def _update_sizes(model, before: dict) -> dict:
-    """The step's relative update ||theta_after - theta_before|| / ||theta_before|| of the residual
-    pathway (``update_pathway``) and of every other parameter (``update_model``), for the parameters
-    in ``before``."""
-    acc = {"pathway": [0.0, 0.0], "model": [0.0, 0.0]}
-    for n, p in model.named_parameters():
-        if n in before:
-            a = acc["pathway" if _is_pathway(n) else "model"]
-            a[0] += _sq(p - before[n])
-            a[1] += _sq(before[n])
-    return {f"update_{k}": (d / max(b, 1e-30)) ** 0.5 for k, (d, b) in acc.items() if b > 0}
-
-
-def _supervision_shares(rolls: list, verified: list, sels: list, K: int) -> dict:
-    """What the step trained on: the share of rollouts verified (only those supervise), the states and
-    unresolved positions replayed, and the share of those positions after the response's EOS (targets
-    the verifier never read: whatever the rollout committed there)."""
-    n_pos = n_post = n_states = 0
-    for sel in sels:
-        r = sel.rollout
-        for i in sel.states:
-            st = r.states[i]
-            pos = st.block * K + torch.nonzero(st.unresolved).flatten()
-            n_pos += int(pos.numel())
-            n_post += int((pos >= r.n_generated).sum())
-            n_states += 1
-    return {"verified_share": len(verified) / max(len(rolls), 1), "train_states": n_states,
-            "train_positions": n_pos, "post_eos_frac": n_post / max(n_pos, 1)}
 
 
 def _state_logits(model, batch, mask, fw: dict, head: str) -> torch.Tensor:
@@ -671,7 +545,6 @@ def train_orl(cfg: ORLConfig, resume: bool = True, stop_after: int | None = None
         tr.close()
 
 
-GUARD_OFFSET = 1 << 40  # the guard's problems: train-stream indices from here on (a run samples from 0 up)
 
 NO_VERIFIED_WARN = 0.25  # share of steps without a verified rollout above which the loop warns
 
