@@ -314,11 +314,11 @@ def _send(fd: int, data: bytes) -> None:
 
 def serve(namespace: dict, wire, rfd: int, wfd: int, max_bytes: int) -> None:
     """Answer the harness's calls until it closes the pipe (see the module docstring)."""
+    sys.stdout.flush()  # what the setup printed, before the harness hears from this process (as each answer below)
+    sys.stderr.flush()
     _send(wfd, wire.dumps(("ready",)))
     reader = wire.LineReader(rfd, max_bytes)
     while True:
-        sys.stdout.flush()  # the parent kills this process when the tests end: show what it printed
-        sys.stderr.flush()
         line = reader.readline()
         if line is None:
             os._exit(0)
@@ -338,6 +338,11 @@ def serve(namespace: dict, wire, rfd: int, wfd: int, max_bytes: int) -> None:
             data = wire.dumps(("error", f"the candidate returned {e}"))
         if len(data) > max_bytes:
             data = wire.dumps(("error", f"the candidate's answer is larger than {max_bytes} bytes"))
+        # what the call printed reaches the output file before its answer leaves: the parent kills this process as
+        # soon as the tests end, which may be before it runs another line (a flush after the send lost the output
+        # when this process was descheduled in between: the flaky test of issue 26)
+        sys.stdout.flush()
+        sys.stderr.flush()
         _send(wfd, data)
 
 
